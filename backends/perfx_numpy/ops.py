@@ -1,0 +1,119 @@
+"""The NumPy backend's primitive ops (contract in perfx_core/ops.py and docs/ops.md), in float32."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from perfx_core.weights import Int4Weight, unpack_int4
+
+OPS = (
+    "embedding",
+    "int4_gemv",
+    "int4_gemm",
+    "dense_gemm",
+    "rmsnorm",
+    "add_rmsnorm",
+    "silu_mul",
+    "attention_decode",
+    "attention_prefill",
+)
+
+
+def embedding(rt, table, ids, out):
+    weight = table.weight
+    if isinstance(weight, Int4Weight):
+        # Dequantize only the looked-up rows: the table can be the largest matrix of the model.
+        rows = len(ids)
+        g = weight.group_size
+        q = unpack_int4(weight.packed[ids]).reshape(rows, -1, g).astype(np.float32)
+        scale = weight.scale[ids].astype(np.float32)[:, :, None]
+        out[...] = (q * scale + weight.bias[ids][:, :, None]).reshape(rows, -1)
+    else:
+        out[...] = weight.data[ids]
+
+
+def int4_gemv(rt, x, w, out):
+    np.matmul(x, w.float32().T, out=out)
+
+
+def int4_gemm(rt, x, w, out):
+    np.matmul(x, w.float32().T, out=out)
+
+
+def dense_gemm(rt, x, w, out):
+    np.matmul(x, w.float32().T, out=out)
+
+
+def rmsnorm(rt, x, weight, eps, out):
+    mean_square = np.mean(np.square(x, dtype=np.float32), axis=-1, keepdims=True)
+    np.multiply(x, 1.0 / np.sqrt(mean_square + np.float32(eps)), out=out)
+    out *= weight
+
+
+def add_rmsnorm(rt, x, residual, weight, eps, out):
+    residual += x
+    rmsnorm(rt, residual, weight, eps, out)
+
+
+def silu_mul(rt, gate_up, out):
+    f = out.shape[-1]
+    gate = gate_up[:, :f]
+    # silu(g) = g * sigmoid(g), with sigmoid written through tanh so large |g| cannot overflow exp.
+    np.multiply(gate, 0.5 * (1.0 + np.tanh(0.5 * gate)), out=out)
+    out *= gate_up[:, f:]
+
+
+def _rope(x, cos, sin):
+    """Rotate-half RoPE on x (..., tokens, head_dim) with cos/sin (tokens, head_dim // 2)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def _split_heads(qkv, spec):
+    """qkv (T, qkv_dim) -> q (n_heads, T, hd), k and v (n_kv_heads, T, hd)."""
+    t = qkv.shape[0]
+    hd = spec.head_dim
+    q = qkv[:, : spec.q_dim].reshape(t, spec.n_heads, hd).transpose(1, 0, 2)
+    k = qkv[:, spec.q_dim : spec.q_dim + spec.kv_dim].reshape(t, spec.n_kv_heads, hd).transpose(1, 0, 2)
+    v = qkv[:, spec.q_dim + spec.kv_dim :].reshape(t, spec.n_kv_heads, hd).transpose(1, 0, 2)
+    return q, k, v
+
+
+def _attend(q, keys, values, spec, start):
+    """Causal grouped-query attention of q (n_heads, T, hd) at positions start.. over keys/values (kv, S, hd)."""
+    n_kv, seq_len, hd = keys.shape
+    group = spec.n_heads // n_kv
+    t = q.shape[1]
+    q = q.reshape(n_kv, group * t, hd)
+    scores = np.matmul(q, keys.transpose(0, 2, 1).astype(np.float32)) * np.float32(1.0 / np.sqrt(hd))
+    scores = scores.reshape(n_kv, group, t, seq_len)
+    if t > 1:
+        query_pos = start + np.arange(t)[:, None]
+        scores[..., np.arange(seq_len)[None, :] > query_pos] = -np.inf
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    mixed = np.matmul(scores.reshape(n_kv, group * t, seq_len), values.astype(np.float32))
+    return mixed.reshape(spec.n_heads, t, hd)
+
+
+def attention_decode(rt, qkv, cache, layer, slots, positions, rope, spec, out):
+    for b, (slot, pos) in enumerate(zip(slots.tolist(), positions.tolist())):
+        q, k, v = _split_heads(qkv[b : b + 1], spec)
+        cos, sin = rope.cos[pos : pos + 1], rope.sin[pos : pos + 1]
+        cache.k[layer, slot, :, pos : pos + 1] = _rope(k, cos, sin)
+        cache.v[layer, slot, :, pos : pos + 1] = v
+        mixed = _attend(_rope(q, cos, sin), cache.k[layer, slot, :, : pos + 1], cache.v[layer, slot, :, : pos + 1], spec, pos)
+        out[b] = mixed.reshape(-1)
+
+
+def attention_prefill(rt, qkv, cache, layer, slot, start, rope, spec, out):
+    t = qkv.shape[0]
+    end = start + t
+    q, k, v = _split_heads(qkv, spec)
+    cos, sin = rope.cos[start:end], rope.sin[start:end]
+    cache.k[layer, slot, :, start:end] = _rope(k, cos, sin)
+    cache.v[layer, slot, :, start:end] = v
+    mixed = _attend(_rope(q, cos, sin), cache.k[layer, slot, :, :end], cache.v[layer, slot, :, :end], spec, start)
+    out[...] = mixed.transpose(1, 0, 2).reshape(t, spec.q_dim)

@@ -1,0 +1,137 @@
+"""NumPy runtime: tensors are NumPy arrays, weights are kept packed and dequantized lazily on first use."""
+
+from __future__ import annotations
+
+import os
+import platform
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import psutil
+
+from perfx_core.backend import Backend, DeviceInfo, KVCacheSpec, Runtime
+from perfx_core.errors import BackendError
+from perfx_core.weights import DenseWeight, Int4Weight, Weight, dequantize
+
+
+@dataclass(eq=False)
+class NumpyWeight:
+    """A weight as the NumPy ops see it: the host-format ``weight`` plus a float32 copy made on first use.
+
+    Keeping the packed form lets a plugin op (e.g. a low-memory int4 GEMV) work without the float copy.
+    """
+
+    weight: Weight
+    runtime: "NumpyRuntime"
+    _float32: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def kind(self) -> str:
+        return "int4" if isinstance(self.weight, Int4Weight) else "dense"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.weight.shape
+
+    def float32(self) -> np.ndarray:
+        """(rows, cols) float32 values, computed once (counted in the runtime's allocated bytes)."""
+        if self._float32 is None:
+            if isinstance(self.weight, DenseWeight) and self.weight.data.dtype == np.float32:
+                self._float32 = self.weight.data
+            else:
+                self._float32 = self.runtime.track(dequantize(self.weight))
+        return self._float32
+
+
+@dataclass(eq=False)
+class NumpyKVCache:
+    spec: KVCacheSpec
+    k: np.ndarray  # (layer, slot, kv_head, position, head_dim)
+    v: np.ndarray
+
+
+class NumpyRuntime(Runtime):
+    backend_name = "numpy"
+
+    def __init__(self, device: DeviceInfo):
+        self.device = device
+        self._allocated = 0
+        self._peak = 0
+
+    def track(self, array: np.ndarray) -> np.ndarray:
+        """Count ``array`` in allocated_bytes until it is garbage collected."""
+        size = int(array.nbytes)
+        self._allocated += size
+        self._peak = max(self._peak, self._allocated)
+        weakref.finalize(array, self._release, size)
+        return array
+
+    def _release(self, size: int) -> None:
+        self._allocated -= size
+
+    def empty(self, shape, dtype=np.float32):
+        return self.track(np.empty(shape, dtype=dtype))
+
+    def from_numpy(self, array):
+        return self.track(np.array(array, copy=True, order="C"))
+
+    def to_numpy(self, tensor):
+        return np.array(tensor, copy=True)
+
+    def view(self, tensor, offset, shape):
+        size = int(np.prod(shape))
+        flat = tensor.reshape(-1)
+        if offset < 0 or offset + size > flat.size:
+            raise BackendError(f"view [{offset}, {offset + size}) is outside a tensor of {flat.size} elements")
+        return flat[offset : offset + size].reshape(shape)
+
+    def prepare_weight(self, weight: Weight) -> NumpyWeight:
+        handle = NumpyWeight(weight, self)
+        self._allocated += weight.nbytes  # the host arrays are shared, not copied, but they live for the model
+        self._peak = max(self._peak, self._allocated)
+        weakref.finalize(handle, self._release, weight.nbytes)
+        return handle
+
+    def new_kv_cache(self, spec: KVCacheSpec) -> NumpyKVCache:
+        return NumpyKVCache(
+            spec, self.track(np.zeros(spec.shape, dtype=spec.dtype)), self.track(np.zeros(spec.shape, dtype=spec.dtype))
+        )
+
+    def kv_cache_to_numpy(self, cache: NumpyKVCache):
+        return cache.k.copy(), cache.v.copy()
+
+    def kv_cache_from_numpy(self, cache: NumpyKVCache, k, v):
+        cache.k[...] = k
+        cache.v[...] = v
+
+    @property
+    def allocated_bytes(self) -> int:
+        return self._allocated
+
+    @property
+    def peak_allocated_bytes(self) -> int:
+        return self._peak
+
+
+class NumpyBackend(Backend):
+    name = "numpy"
+    description = "NumPy on the CPU: the float32 reference every other backend is checked against"
+
+    def devices(self) -> list[DeviceInfo]:
+        name = platform.processor() or platform.machine() or "cpu"
+        return [
+            DeviceInfo(
+                index=0,
+                name=f"CPU ({name}, {os.cpu_count()} threads)",
+                kind="cpu",
+                memory_bytes=psutil.virtual_memory().total,
+            )
+        ]
+
+    def open(self, device: int | str | None = None) -> NumpyRuntime:
+        devices = self.devices()
+        if device not in (None, 0, "0", "cpu", devices[0].name):
+            raise BackendError(f"the numpy backend has one device, 0 ({devices[0].name}); got {device!r}")
+        return NumpyRuntime(devices[0])

@@ -1,0 +1,163 @@
+"""What a backend provides: devices, a runtime per opened device (memory, weights, KV cache) and ops.
+
+A backend's tensors are opaque to the engine: the model only moves them between ops. The few things
+that cross to the host (token ids, slots, positions) are NumPy int32 arrays, and logits come back
+through ``Runtime.to_numpy``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .weights import Weight
+
+if TYPE_CHECKING:
+    from .ops import OpTable
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    index: int
+    name: str
+    kind: str  # "cpu" or "gpu"
+    memory_bytes: int | None = None
+    bandwidth_gbs: float | None = None  # peak memory bandwidth, when known (for achieved-GB/s views)
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    n_layers: int
+    n_slots: int  # one slot per concurrently running sequence
+    max_seq_len: int
+    n_kv_heads: int
+    head_dim: int
+    dtype: str = "float32"  # "float32" or "float16"
+
+    @property
+    def shape(self) -> tuple[int, int, int, int, int]:
+        """Canonical layout used by Runtime.kv_cache_to_numpy: (layer, slot, kv_head, position, head_dim)."""
+        return (self.n_layers, self.n_slots, self.n_kv_heads, self.max_seq_len, self.head_dim)
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """Head layout of one attention layer; a fused qkv row is [q (n_heads*hd) | k (n_kv*hd) | v (n_kv*hd)]."""
+
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def qkv_dim(self) -> int:
+        return self.q_dim + 2 * self.kv_dim
+
+
+@dataclass
+class RopeTable:
+    """cos and sin (max_seq_len, head_dim // 2) float32 tensors on the device.
+
+    Convention (Hugging Face "rotate half"): for i < head_dim/2, the pair (x[i], x[i + head_dim/2]) at
+    position p becomes (x[i]*cos[p,i] - x[i+h]*sin[p,i], x[i+h]*cos[p,i] + x[i]*sin[p,i]).
+    """
+
+    cos: Any
+    sin: Any
+
+
+class Runtime(ABC):
+    """One opened device of a backend. ``ops`` is filled in by the engine after ``Backend.open``."""
+
+    backend_name: str
+    device: DeviceInfo
+    ops: "OpTable"
+
+    # -- memory ----------------------------------------------------------------------------------------
+    @abstractmethod
+    def empty(self, shape: tuple[int, ...], dtype: Any = np.float32) -> Any:
+        """A new uninitialised contiguous tensor; counted in allocated_bytes until freed."""
+
+    @abstractmethod
+    def from_numpy(self, array: np.ndarray) -> Any:
+        """A new tensor holding a copy of ``array`` (same shape and dtype)."""
+
+    @abstractmethod
+    def to_numpy(self, tensor: Any) -> np.ndarray:
+        """A host copy of ``tensor``; waits for pending work on it."""
+
+    @abstractmethod
+    def view(self, tensor: Any, offset: int, shape: tuple[int, ...]) -> Any:
+        """A tensor sharing ``tensor``'s storage, starting ``offset`` elements in, of ``shape`` (contiguous)."""
+
+    @abstractmethod
+    def prepare_weight(self, weight: Weight) -> Any:
+        """Upload a weight once, in the layout this backend's matmul ops want; returns a handle."""
+
+    @abstractmethod
+    def new_kv_cache(self, spec: KVCacheSpec) -> Any:
+        """A zero-filled KV cache for ``spec``."""
+
+    @abstractmethod
+    def kv_cache_to_numpy(self, cache: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(k, v) host copies in the canonical layout KVCacheSpec.shape."""
+
+    @abstractmethod
+    def kv_cache_from_numpy(self, cache: Any, k: np.ndarray, v: np.ndarray) -> None:
+        """Overwrite the whole cache from host arrays in the canonical layout."""
+
+    @property
+    @abstractmethod
+    def allocated_bytes(self) -> int:
+        """Bytes this runtime holds now (weights, caches, buffers)."""
+
+    @property
+    @abstractmethod
+    def peak_allocated_bytes(self) -> int:
+        """Highest allocated_bytes seen since the runtime opened."""
+
+    def scratch(self, key: str, shape: tuple[int, ...], dtype: Any = np.float32) -> Any:
+        """A reusable work buffer for composite ops: grows on demand, never freed while the runtime lives."""
+        buffers = self.__dict__.setdefault("_scratch_buffers", {})
+        size = int(np.prod(shape))
+        held = buffers.get((key, np.dtype(dtype).str))
+        if held is None or held[1] < size:
+            held = (self.empty((size,), dtype), size)
+            buffers[(key, np.dtype(dtype).str)] = held
+        return self.view(held[0], 0, shape)
+
+    def synchronize(self) -> None:
+        """Wait for all queued device work (a no-op for synchronous backends)."""
+
+    def close(self) -> None:
+        """Release device resources."""
+
+
+class Backend(ABC):
+    """A registered backend: a name, a description, its devices, and how to open one."""
+
+    name: str
+    description: str = ""
+
+    @abstractmethod
+    def devices(self) -> list[DeviceInfo]:
+        """Devices this backend can use; raise BackendUnavailableError with the reason when there are none."""
+
+    @abstractmethod
+    def open(self, device: int | str | None = None) -> Runtime:
+        """Open a device by index or (sub)name; None picks the best one."""

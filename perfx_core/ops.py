@@ -1,0 +1,157 @@
+"""The operator contract: every op the model calls, and the table that binds a runtime to its chosen ops.
+
+Full semantics, shapes and dtypes are in docs/ops.md; the short form is here. Every op takes the runtime
+first, writes its result into ``out`` (a tensor the caller allocated) and returns None. Activations are
+float32 (a backend may also accept float16). Index arguments (ids, slots, positions) are host NumPy
+int32 arrays; ``slot``, ``start`` and ``layer`` are Python ints.
+
+Primitive ops (a backend must implement these):
+  embedding(table, ids (n,), out (n, d))                 rows of the table, dequantized
+  int4_gemv(x (1, k), w int4 (m, k), out (1, m))          out = x @ w.T
+  int4_gemm(x (n, k), w int4 (m, k), out (n, m))          out = x @ w.T
+  dense_gemm(x (n, k), w dense (m, k), out (n, m))        out = x @ w.T
+  rmsnorm(x (n, d), weight (d,), eps, out (n, d))         out = x / sqrt(mean(x^2) + eps) * weight
+  add_rmsnorm(x, residual, weight, eps, out)              residual += x (in place); out = rmsnorm(residual)
+  silu_mul(gate_up (n, 2f), out (n, f))                   out = silu(gate_up[:, :f]) * gate_up[:, f:]
+  attention_decode(qkv (B, qkv_dim), cache, layer, slots (B,), positions (B,), rope, spec, out (B, q_dim))
+  attention_prefill(qkv (T, qkv_dim), cache, layer, slot, start, rope, spec, out (T, q_dim))
+
+Composite ops (generic versions below work on every backend; a backend may fuse them):
+  linear, qkv_proj, gate_up_silu, logits
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any, Callable
+
+PRIMITIVE_OPS = (
+    "embedding",
+    "int4_gemv",
+    "int4_gemm",
+    "dense_gemm",
+    "rmsnorm",
+    "add_rmsnorm",
+    "silu_mul",
+    "attention_decode",
+    "attention_prefill",
+)
+COMPOSITE_OPS = ("linear", "qkv_proj", "gate_up_silu", "logits")
+OP_NAMES = PRIMITIVE_OPS + COMPOSITE_OPS
+
+GENERIC_PRIORITY = -100  # generic composites lose to anything a backend or plugin registers
+
+
+def weight_kind(w: Any) -> str:
+    """'int4' or 'dense': every prepared weight handle carries a ``kind`` attribute."""
+    return w.kind
+
+
+def generic_linear(rt, x, w, out) -> None:
+    """out (n, m) = x (n, k) @ w.T, dispatched on the weight's format and on n."""
+    if weight_kind(w) == "int4":
+        if out.shape[0] == 1:
+            rt.ops.int4_gemv(x, w, out)
+        else:
+            rt.ops.int4_gemm(x, w, out)
+    else:
+        rt.ops.dense_gemm(x, w, out)
+
+
+def generic_qkv_proj(rt, x, w_qkv, out) -> None:
+    """out (n, qkv_dim) = x @ w_qkv.T, with q, k and v weights concatenated along the output rows."""
+    rt.ops.linear(x, w_qkv, out)
+
+
+def generic_gate_up_silu(rt, x, w_gate_up, out) -> None:
+    """out (n, f) = silu(x @ w_gate.T) * (x @ w_up.T), with w_gate_up = [w_gate; w_up] of shape (2f, d)."""
+    n, f = out.shape
+    gate_up = rt.scratch("gate_up_silu", (n, 2 * f))
+    rt.ops.linear(x, w_gate_up, gate_up)
+    rt.ops.silu_mul(gate_up, out)
+
+
+def generic_logits(rt, h, w_out, out) -> None:
+    """out (n, vocab) = h (n, d) @ w_out.T, where h is already final-normed."""
+    rt.ops.linear(h, w_out, out)
+
+
+GENERIC_OPS: dict[str, Callable[..., None]] = {
+    "linear": generic_linear,
+    "qkv_proj": generic_qkv_proj,
+    "gate_up_silu": generic_gate_up_silu,
+    "logits": generic_logits,
+}
+
+
+class OpProfile:
+    """Wall time and call count per op name, for ops called by the model (nested calls not double counted).
+
+    Timing synchronizes the runtime after each op, so asynchronous backends are measured honestly (and
+    run somewhat slower while profiling).
+    """
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+
+    def as_dict(self) -> dict[str, dict[str, float]]:
+        return {
+            name: {"seconds": self.seconds[name], "calls": self.calls[name]}
+            for name in sorted(self.seconds, key=self.seconds.get, reverse=True)  # type: ignore[arg-type]
+        }
+
+
+class OpTable:
+    """A runtime's chosen implementation of every op, bound to the runtime: ``table.int4_gemm(x, w, out)``."""
+
+    def __init__(self, runtime: Any, implementations: dict[str, tuple[Callable[..., None], str]]):
+        self._runtime = runtime
+        self.sources = {name: source for name, (_, source) in implementations.items()}
+        self._functions = {name: fn for name, (fn, _) in implementations.items()}
+        self.profile: OpProfile | None = None
+        self._depth = 0
+        self._bind()
+
+    def _bind(self) -> None:
+        for name, fn in self._functions.items():
+            setattr(self, name, self._timed(name, fn) if self.profile else _bound(fn, self._runtime))
+
+    def start_profiling(self) -> OpProfile:
+        self.profile = OpProfile()
+        self._bind()
+        return self.profile
+
+    def stop_profiling(self) -> OpProfile | None:
+        profile, self.profile = self.profile, None
+        self._bind()
+        return profile
+
+    def _timed(self, name: str, fn: Callable[..., None]) -> Callable[..., None]:
+        rt = self._runtime
+
+        def call(*args: Any) -> None:
+            if self._depth:
+                fn(rt, *args)
+                return
+            self._depth += 1
+            start = time.perf_counter()
+            try:
+                fn(rt, *args)
+                rt.synchronize()
+            finally:
+                self._depth -= 1
+            assert self.profile is not None
+            self.profile.seconds[name] += time.perf_counter() - start
+            self.profile.calls[name] += 1
+
+        return call
+
+
+def _bound(fn: Callable[..., None], rt: Any) -> Callable[..., None]:
+    def call(*args: Any) -> None:
+        fn(rt, *args)
+
+    call.__name__ = getattr(fn, "__name__", "op")
+    return call

@@ -1,0 +1,153 @@
+"""perfx's host-side weight formats and the int4 quantization helpers (pack order written once here).
+
+Two formats cover every model:
+
+- ``Int4Weight``: 4-bit codes with one scale and one bias per group of ``group_size`` consecutive input
+  columns. Dequantized value: ``w[r, c] = q[r, c] * scale[r, c // g] + bias[r, c // g]``.
+  AWQ's ``(q - zero) * scale`` is the same thing with ``bias = -zero * scale``; GGUF Q4_0 is
+  ``bias = -8 * d`` and Q4_1 is ``bias = m``. The bias is float32 so all three are stored exactly.
+- ``DenseWeight``: float32 or float16 values (GGUF F32/F16/BF16 and Q8_0 land here without loss).
+
+Packing: byte ``packed[r, j]`` holds column ``2j`` in its low nibble and column ``2j + 1`` in its high nibble.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+import numpy as np
+
+from .errors import InvalidArgumentError
+
+SUPPORTED_GROUP_SIZES = (32, 64, 128)
+
+
+@dataclass(frozen=True)
+class Int4Weight:
+    packed: np.ndarray  # uint8 (rows, cols // 2)
+    scale: np.ndarray  # float16 (rows, cols // group_size)
+    bias: np.ndarray  # float32 (rows, cols // group_size)
+    group_size: int
+
+    def __post_init__(self) -> None:
+        rows, half = self.packed.shape
+        groups = (2 * half) // self.group_size
+        if self.packed.dtype != np.uint8 or self.scale.dtype != np.float16 or self.bias.dtype != np.float32:
+            raise InvalidArgumentError("Int4Weight wants packed uint8, scale float16 and bias float32")
+        if self.group_size not in SUPPORTED_GROUP_SIZES or (2 * half) % self.group_size:
+            raise InvalidArgumentError(
+                f"group size {self.group_size} must be one of {SUPPORTED_GROUP_SIZES} and divide {2 * half} columns"
+            )
+        if self.scale.shape != (rows, groups) or self.bias.shape != (rows, groups):
+            raise InvalidArgumentError(
+                f"scale/bias shapes {self.scale.shape}/{self.bias.shape} do not match ({rows}, {groups})"
+            )
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.packed.shape[0], self.packed.shape[1] * 2
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes + self.scale.nbytes + self.bias.nbytes
+
+
+@dataclass(frozen=True)
+class DenseWeight:
+    data: np.ndarray  # float32 or float16 (rows, cols)
+
+    def __post_init__(self) -> None:
+        if self.data.ndim != 2 or self.data.dtype not in (np.float32, np.float16):
+            raise InvalidArgumentError("DenseWeight wants a 2-D float32 or float16 array")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.data.shape  # type: ignore[return-value]
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+
+Weight = Union[Int4Weight, DenseWeight]
+
+
+def pack_int4(q: np.ndarray) -> np.ndarray:
+    """Pack codes 0..15, shape (rows, cols) with even cols, into uint8 (rows, cols // 2)."""
+    q = np.asarray(q, dtype=np.uint8)
+    return (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)
+
+
+def unpack_int4(packed: np.ndarray) -> np.ndarray:
+    """Inverse of pack_int4: uint8 (rows, cols // 2) -> uint8 codes (rows, cols)."""
+    rows, half = packed.shape
+    q = np.empty((rows, half * 2), dtype=np.uint8)
+    q[:, 0::2] = packed & 0x0F
+    q[:, 1::2] = packed >> 4
+    return q
+
+
+def dequantize(weight: Weight, dtype: type = np.float32) -> np.ndarray:
+    """Full-precision values of a weight, shape (rows, cols)."""
+    if isinstance(weight, DenseWeight):
+        return weight.data.astype(dtype, copy=False)
+    rows, cols = weight.shape
+    g = weight.group_size
+    q = unpack_int4(weight.packed).reshape(rows, cols // g, g).astype(np.float32)
+    w = q * weight.scale.astype(np.float32)[:, :, None] + weight.bias[:, :, None]
+    return w.reshape(rows, cols).astype(dtype, copy=False)
+
+
+def int4_from_scale_zero(q: np.ndarray, scale: np.ndarray, zero: np.ndarray, group_size: int) -> Int4Weight:
+    """Build an Int4Weight from AWQ-style codes (rows, cols), scales and zero points (rows, groups)."""
+    scale16 = np.asarray(scale, dtype=np.float16)
+    bias = -np.asarray(zero, dtype=np.float32) * scale16.astype(np.float32)
+    return Int4Weight(pack_int4(q), scale16, bias.astype(np.float32), group_size)
+
+
+def quantize_rtn(w: np.ndarray, group_size: int = 128) -> Int4Weight:
+    """Round-to-nearest asymmetric int4 quantization with integer zero points (AWQ's storage convention)."""
+    w = np.asarray(w, dtype=np.float32)
+    rows, cols = w.shape
+    if group_size not in SUPPORTED_GROUP_SIZES or cols % group_size:
+        raise InvalidArgumentError(
+            f"group size {group_size} must be one of {SUPPORTED_GROUP_SIZES} and divide the {cols} input columns"
+        )
+    groups = w.reshape(rows, cols // group_size, group_size)
+    lo = np.minimum(groups.min(axis=2), 0.0)
+    hi = np.maximum(groups.max(axis=2), 0.0)
+    scale = ((hi - lo) / 15.0).astype(np.float16).astype(np.float32)
+    scale = np.where(scale > 0, scale, np.float32(1.0))  # an all-zero group: any scale works
+    zero = np.clip(np.round(-lo / scale), 0, 15)
+    q = np.clip(np.round(groups / scale[:, :, None]) + zero[:, :, None], 0, 15).astype(np.uint8)
+    return int4_from_scale_zero(q.reshape(rows, cols), scale, zero, group_size)
+
+
+def concat_rows(weights: list[Weight]) -> Weight:
+    """Stack weights along the output dimension (used for fused QKV and gate|up).
+
+    Int4 weights with one group size stay int4; any other mix becomes float32 (exact, more memory).
+    """
+    if all(isinstance(w, Int4Weight) for w in weights) and len({w.group_size for w in weights}) == 1:  # type: ignore[union-attr]
+        return Int4Weight(
+            np.concatenate([w.packed for w in weights]),  # type: ignore[union-attr]
+            np.concatenate([w.scale for w in weights]),  # type: ignore[union-attr]
+            np.concatenate([w.bias for w in weights]),  # type: ignore[union-attr]
+            weights[0].group_size,  # type: ignore[union-attr]
+        )
+    if all(isinstance(w, DenseWeight) and w.data.dtype == weights[0].data.dtype for w in weights):  # type: ignore[union-attr]
+        return DenseWeight(np.concatenate([w.data for w in weights]))  # type: ignore[union-attr]
+    return DenseWeight(np.concatenate([dequantize(w) for w in weights]))
+
+
+def take_rows(weight: Weight, order: np.ndarray) -> Weight:
+    """The same weight with its output rows reordered (exact for every format)."""
+    if isinstance(weight, DenseWeight):
+        return DenseWeight(np.ascontiguousarray(weight.data[order]))
+    return Int4Weight(
+        np.ascontiguousarray(weight.packed[order]),
+        np.ascontiguousarray(weight.scale[order]),
+        np.ascontiguousarray(weight.bias[order]),
+        weight.group_size,
+    )
