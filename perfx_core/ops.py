@@ -3,7 +3,9 @@
 Full semantics, shapes and dtypes are in docs/ops.md; the short form is here. Every op takes the runtime
 first, writes its result into ``out`` (a tensor the caller allocated) and returns None. Activations are
 float32 (a backend may also accept float16). Index arguments (ids, slots, positions) are host NumPy
-int32 arrays; ``slot``, ``start`` and ``layer`` are Python ints.
+int32 arrays; ``slot``, ``start`` and ``layer`` are Python ints. ``out`` never overlaps an input, and an
+op writes nothing outside ``out`` except where stated: add_rmsnorm updates ``residual``, the attention ops
+write the new positions of the KV cache and may overwrite ``qkv`` (e.g. RoPE in place).
 
 Primitive ops (a backend must implement these):
   embedding(table, ids (n,), out (n, d))                 rows of the table, dequantized

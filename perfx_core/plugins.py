@@ -115,8 +115,9 @@ class Registry:
 
     def open_runtime(self, backend: str, device: int | str | None = None) -> Any:
         """Open a device of ``backend`` and attach its resolved op table."""
+        backend_obj = self.get_backend(backend)
         chosen = self.resolve(backend)
-        runtime = self.get_backend(backend).open(device)
+        runtime = backend_obj.open(device)
         runtime.ops = OpTable(runtime, {op: (impl.function, impl.source) for op, impl in chosen.items()})
         return runtime
 

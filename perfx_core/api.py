@@ -1,0 +1,171 @@
+"""The Python API: ``load`` a model onto a backend, then score, generate or chat with it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .chat_template import render_chat
+from .config import LlamaConfig
+from .default_model import resolve_model_path
+from .errors import InvalidArgumentError, ModelFormatError
+from .generation import Generation, GenerationStats
+from .model import LlamaModel
+from .plugins import get_registry
+from .sampling import SamplingParams
+from .tokenizer import Tokenizer, tokenizer_from_metadata
+
+DEFAULT_CONTEXT = 4096  # KV cache length when the caller does not ask: bounded memory for long-context models
+GGUF_MAGIC = b"GGUF"
+
+
+class Model:
+    """A loaded model: tokenizer, config, the backend runtime it lives on, and the generation entry points."""
+
+    def __init__(self, path: Path, config: LlamaConfig, model: LlamaModel, tokenizer: Tokenizer, metadata: dict):
+        self.path = path
+        self.config = config
+        self.engine = model
+        self.tokenizer = tokenizer
+        self.metadata = metadata
+        self.chat_template: str | None = metadata.get("tokenizer.chat_template")
+        self.last_stats: GenerationStats | None = None
+
+    @property
+    def runtime(self):
+        return self.engine.rt
+
+    @property
+    def backend(self) -> str:
+        return self.engine.rt.backend_name
+
+    @property
+    def context_length(self) -> int:
+        return self.engine.max_seq_len
+
+    def logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Teacher-forced logits, float32 (len(token_ids), vocab): row i predicts token i + 1."""
+        return self.engine.prefill(list(token_ids), slot=0, start=0, all_logits=True)
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        max_tokens: int = 128,
+        temperature: float = 0.8,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        repetition_penalty: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        profile: bool = False,
+        ignore_eos: bool = False,
+    ) -> Generation:
+        """Stream a completion: iterate the result for TokenEvent(id, text); ``.stats`` when done.
+
+        A string prompt is tokenized with the model's BOS convention; a list of ids is used as is.
+        """
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt, add_special=True)
+        else:
+            ids = [int(t) for t in prompt]
+        sampling = SamplingParams(
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            repetition_penalty=repetition_penalty,
+            seed=seed,
+        )
+        generation = Generation(
+            self.engine,
+            self.tokenizer,
+            ids,
+            max_tokens=max_tokens,
+            sampling=sampling,
+            stop=[stop] if isinstance(stop, str) else list(stop),
+            profile=profile,
+            ignore_eos=ignore_eos,
+        )
+        self.last_stats = generation.stats
+        return generation
+
+    def chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> Generation:
+        """Like generate, for a list of {'role', 'content'} messages rendered with the model's chat template."""
+        return self.generate(self.chat_prompt_ids(messages), **kwargs)
+
+    def render_chat(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
+        tok = self.tokenizer
+        return render_chat(
+            self.chat_template,
+            messages,
+            bos_token=tok.token_to_piece(tok.bos_id) if tok.bos_id is not None else "",
+            eos_token=tok.token_to_piece(tok.eos_id) if tok.eos_id is not None else "",
+            add_generation_prompt=add_generation_prompt,
+        )
+
+    def chat_prompt_ids(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        tok = self.tokenizer
+        ids = tok.encode(self.render_chat(messages), add_special=False, parse_special=True)
+        if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
+            ids.insert(0, tok.bos_id)
+        return ids
+
+    def close(self) -> None:
+        self.engine.rt.close()
+
+
+def load(
+    path: str | os.PathLike[str] | None = None,
+    backend: str = "numpy",
+    device: int | str | None = None,
+    *,
+    context_length: int | None = None,
+    n_slots: int = 1,
+    prefill_chunk: int = 256,
+) -> Model:
+    """Load a model file onto ``backend``/``device``. ``path=None`` uses $PERFX_MODEL or the bundled default.
+
+    ``context_length`` bounds the KV cache (default: the model's, at most 4096 tokens).
+    """
+    from .gguf_loader import load_llama_gguf  # deferred: the gguf library is slow to import
+
+    model_path = resolve_model_path(path)
+    if context_length is not None and (not isinstance(context_length, int) or context_length < 1):
+        raise InvalidArgumentError(f"context_length must be a positive integer; got {context_length!r}")
+    if n_slots < 1:
+        raise InvalidArgumentError(f"n_slots must be at least 1; got {n_slots!r}")
+    if model_path.is_dir() or _magic(model_path) != GGUF_MAGIC:
+        raise ModelFormatError(
+            f"{model_path} is not a GGUF file (no 'GGUF' magic); perfx reads GGUF model files"
+        )
+    # Open the device first: a wrong backend or device fails before the slow part.
+    runtime = get_registry().open_runtime(backend, device)
+    try:
+        config, weights, gguf = load_llama_gguf(model_path)
+        if context_length is not None and context_length > config.context_length:
+            raise InvalidArgumentError(
+                f"context_length {context_length} exceeds the {config.context_length} tokens this model was trained for"
+            )
+        tokenizer = tokenizer_from_metadata(gguf.metadata)
+        engine = LlamaModel(
+            config,
+            weights,
+            runtime,
+            n_slots=n_slots,
+            max_seq_len=min(context_length or DEFAULT_CONTEXT, config.context_length),
+            prefill_chunk=prefill_chunk,
+        )
+    except BaseException:
+        runtime.close()
+        raise
+    return Model(model_path, config, engine, tokenizer, gguf.metadata)
+
+
+def _magic(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(4)

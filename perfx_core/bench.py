@@ -1,0 +1,107 @@
+"""``perfx bench``: prefill and decode speed, time to first token and memory of one model on one backend.
+
+The prompt is seeded random token ids (speed does not depend on which tokens), decode is greedy and
+ignores end-of-sequence so every run does the same work. A short warm-up first lets backends finish
+one-time work (compiling kernels, building weight layouts) outside the timed runs.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+from .errors import InvalidArgumentError
+from .measure import peak_host_bytes
+
+
+def _timed_run(engine, prompt: list[int], gen_tokens: int, profile: bool) -> dict[str, Any]:
+    ops = engine.rt.ops
+    start = time.perf_counter()
+    logits = engine.prefill(prompt, slot=0)
+    token = int(np.argmax(logits))
+    engine.rt.synchronize()
+    prefill_s = time.perf_counter() - start
+    if profile:
+        ops.start_profiling()
+    decode_start = time.perf_counter()
+    position = len(prompt)
+    for _ in range(gen_tokens - 1):
+        token = int(np.argmax(engine.decode([token], [0], [position])[0]))
+        position += 1
+    engine.rt.synchronize()
+    decode_s = time.perf_counter() - decode_start
+    result: dict[str, Any] = {
+        "prefill_s": prefill_s,
+        "decode_s": decode_s,
+        "prefill_tokens_per_s": len(prompt) / prefill_s,
+        "decode_tokens_per_s": (gen_tokens - 1) / decode_s if gen_tokens > 1 else None,
+        "time_to_first_token_s": prefill_s,
+    }
+    if profile:
+        profile_data = ops.stop_profiling()
+        steps = max(1, gen_tokens - 1)
+        result["decode_op_profile_ms_per_token"] = {
+            name: round(1e3 * v["seconds"] / steps, 4) for name, v in profile_data.as_dict().items()
+        }
+    return result
+
+
+def run_bench(
+    model_path: str | None = None,
+    backend: str = "numpy",
+    device: int | str | None = None,
+    prompt_tokens: int = 128,
+    gen_tokens: int = 64,
+    repeat: int = 3,
+    profile: bool = False,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Load the model, warm up, then time ``repeat`` runs; returns a JSON-ready dict (medians and each run)."""
+    from .api import load
+
+    for name, value, low in (("prompt_tokens", prompt_tokens, 1), ("gen_tokens", gen_tokens, 1), ("repeat", repeat, 1)):
+        if not isinstance(value, int) or value < low:
+            raise InvalidArgumentError(f"{name} must be an integer >= {low}; got {value!r}")
+    load_start = time.perf_counter()
+    model = load(model_path, backend=backend, device=device, context_length=prompt_tokens + gen_tokens)
+    load_s = time.perf_counter() - load_start
+    engine = model.engine
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(0, model.config.vocab_size, size=prompt_tokens).tolist()
+
+    warm_start = time.perf_counter()
+    _timed_run(engine, prompt[: min(prompt_tokens, 16)], 3, profile=False)
+    warmup_s = time.perf_counter() - warm_start
+    runs = [_timed_run(engine, prompt, gen_tokens, profile) for _ in range(repeat)]
+
+    def median(key: str) -> float | None:
+        values = [r[key] for r in runs if r[key] is not None]
+        return statistics.median(values) if values else None
+
+    rt = engine.rt
+    report: dict[str, Any] = {
+        "model": str(model.path),
+        "backend": backend,
+        "device": rt.device.name,
+        "ops": dict(rt.ops.sources),
+        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
+        "prompt_tokens": prompt_tokens,
+        "gen_tokens": gen_tokens,
+        "repeat": repeat,
+        "load_s": load_s,
+        "warmup_s": warmup_s,
+        "prefill_tokens_per_s": median("prefill_tokens_per_s"),
+        "decode_tokens_per_s": median("decode_tokens_per_s"),
+        "time_to_first_token_s": median("time_to_first_token_s"),
+        "peak_host_bytes": peak_host_bytes(),
+        "backend_bytes": rt.allocated_bytes,
+        "backend_peak_bytes": rt.peak_allocated_bytes,
+        "runs": runs,
+    }
+    model.close()
+    return report

@@ -1,0 +1,202 @@
+"""The ``perfx`` command line: run, chat, backends, check-backend, bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Sequence
+
+from .errors import BackendUnavailableError, PerfxError
+
+
+def _model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", "-m", help="model file (default: $PERFX_MODEL or the bundled SmolLM2-135M)")
+    parser.add_argument("--backend", "-b", default="numpy", help="backend name (see `perfx backends`)")
+    parser.add_argument("--device", "-d", help="device index or name (default: the backend's best)")
+    parser.add_argument("--context", type=int, help="KV-cache length in tokens (default: min(model, 4096))")
+
+
+def _sampling_options(parser: argparse.ArgumentParser, temperature: float) -> None:
+    parser.add_argument("--max-tokens", "-n", type=int, default=128)
+    parser.add_argument("--temperature", "-t", type=float, default=temperature, help="0 is greedy")
+    parser.add_argument("--top-k", type=int, default=40, help="0 disables")
+    parser.add_argument("--top-p", type=float, default=0.95, help="1 disables")
+    parser.add_argument("--min-p", type=float, default=0.05, help="0 disables")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0, help="1 disables")
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--quiet-stats", action="store_true", help="do not print speed to stderr")
+
+
+def _device_arg(value: str | None) -> int | str | None:
+    return int(value) if value is not None and value.isdigit() else value
+
+
+def _load(args: argparse.Namespace):
+    from .api import load
+    from .settings import remember_model
+
+    model = load(args.model, backend=args.backend, device=_device_arg(args.device), context_length=args.context)
+    remember_model(model.path)
+    return model
+
+
+def _sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "min_p": args.min_p,
+        "repetition_penalty": args.repetition_penalty,
+        "seed": args.seed,
+        "stop": args.stop,
+    }
+
+
+def _stream(generation, quiet: bool) -> None:
+    for event in generation:
+        sys.stdout.write(event.text)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    s = generation.stats
+    if not quiet:
+        print(
+            f"[{s.prompt_tokens} prompt tokens at {s.prefill_tokens_per_s:.1f} tok/s, "
+            f"{s.generated_tokens} generated at {s.decode_tokens_per_s:.1f} tok/s, "
+            f"first token after {s.time_to_first_token_s * 1e3:.0f} ms, finish: {s.finish_reason}]",
+            file=sys.stderr,
+        )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    model = _load(args)
+    _stream(model.generate(args.prompt, **_sampling_kwargs(args)), args.quiet_stats)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    model = _load(args)
+    messages: list[dict[str, str]] = []
+    if args.system:
+        messages.append({"role": "system", "content": args.system})
+    print(f"perfx chat with {model.path.name} on {model.backend}. /reset clears, /exit or Ctrl-D quits.", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return 0
+        if line.strip() == "/exit":
+            return 0
+        if line.strip() == "/reset":
+            messages = messages[:1] if args.system else []
+            continue
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line})
+        generation = model.chat(messages, **_sampling_kwargs(args))
+        _stream(generation, args.quiet_stats)
+        messages.append({"role": "assistant", "content": generation.text})
+
+
+def cmd_backends(args: argparse.Namespace) -> int:
+    from .plugins import get_registry
+
+    registry = get_registry()
+    for name, backend in sorted(registry.backends.items()):
+        print(f"{name}  ({backend.description}; plugin {registry.backend_plugin[name]!r})")
+        try:
+            for dev in backend.devices():
+                mem = f", {dev.memory_bytes / 2**30:.1f} GiB" if dev.memory_bytes else ""
+                print(f"  device {dev.index}: {dev.name} [{dev.kind}{mem}]")
+        except BackendUnavailableError as exc:
+            print(f"  unavailable: {exc}")
+        except Exception as exc:  # a third-party backend's bug must not hide the other backends
+            print(f"  unavailable: {type(exc).__name__}: {exc}")
+        if args.ops:
+            try:
+                for op, impl in registry.resolve(name).items():
+                    print(f"    {op:18s} {impl.source}")
+            except PerfxError as exc:
+                print(f"    ops incomplete: {exc}")
+    return 0
+
+
+def cmd_check_backend(args: argparse.Namespace) -> int:
+    from .conformance import check_backend
+
+    ops = args.ops.split(",") if args.ops else None
+    report = check_backend(args.name, device=_device_arg(args.device), ops=ops)
+    print(json.dumps(report.as_dict(), indent=2) if args.json else report.format())
+    return 0 if report.passed else 1
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import run_bench
+
+    report = run_bench(
+        args.model,
+        backend=args.backend,
+        device=_device_arg(args.device),
+        prompt_tokens=args.prompt_tokens,
+        gen_tokens=args.gen_tokens,
+        repeat=args.repeat,
+        profile=args.profile,
+    )
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="perfx", description="int4 LLM inference on pluggable backends")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="stream a completion of PROMPT")
+    run.add_argument("prompt")
+    _model_options(run)
+    _sampling_options(run, temperature=0.8)
+    run.set_defaults(func=cmd_run)
+
+    chat = sub.add_parser("chat", help="interactive chat using the model's chat template")
+    _model_options(chat)
+    _sampling_options(chat, temperature=0.8)
+    chat.add_argument("--system", help="system prompt")
+    chat.set_defaults(func=cmd_chat)
+
+    backends = sub.add_parser("backends", help="list backends, their devices, and why one is unavailable")
+    backends.add_argument("--ops", action="store_true", help="also show which implementation each op uses")
+    backends.set_defaults(func=cmd_backends)
+
+    check = sub.add_parser("check-backend", help="run the conformance kit on a backend")
+    check.add_argument("name")
+    check.add_argument("--device", "-d")
+    check.add_argument("--ops", help="comma-separated ops to check (default: all)")
+    check.add_argument("--json", action="store_true")
+    check.set_defaults(func=cmd_check_backend)
+
+    bench = sub.add_parser("bench", help="measure prefill/decode speed and memory; prints JSON")
+    _model_options(bench)
+    bench.add_argument("--prompt-tokens", "-p", type=int, default=128)
+    bench.add_argument("--gen-tokens", "-g", type=int, default=64)
+    bench.add_argument("--repeat", "-r", type=int, default=3)
+    bench.add_argument("--profile", action="store_true", help="add time per op type (decode, ms per token)")
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except PerfxError as exc:
+        print(f"perfx: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

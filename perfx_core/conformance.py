@@ -1,0 +1,531 @@
+"""The conformance kit: checks that every op a backend runs follows the contract in docs/ops.md.
+
+``check_backend`` opens the backend through the registry, so what it tests is the implementation that
+wins each op right now (a plugin's replacement included). Each case runs one op on random inputs and
+compares the result with perfx_core.reference in float64 by NMSE. Every tensor the op is handed lives at
+an offset inside a larger buffer whose guard regions hold a sentinel pattern, so a write outside ``out``
+and a change to an input both show up, as does an ``out`` element that was never written.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+import zlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import reference
+from .backend import AttentionSpec, KVCacheSpec, RopeTable
+from .errors import InvalidArgumentError
+from .ops import OP_NAMES
+from .weights import DenseWeight, Int4Weight, Weight, concat_rows, quantize_rtn
+
+MATMUL_LIMIT = 5e-4  # matmuls, int4 embedding, attention: float32 sums over many terms
+NORM_LIMIT = 1e-6  # rmsnorm, add_rmsnorm, silu_mul: elementwise work with at most one reduction
+EXACT_LIMIT = 1e-7  # copies and single additions: dense embedding, the new residual, KV cache entries
+GUARD = 4096  # sentinel elements before and after every buffer handed to an op
+
+# A quiet NaN with a payload, alternating with 1e30: neither is a value an op would compute by chance.
+_SENTINEL = np.array([0x7FC0DEAD, 0x7149F2CA], dtype=np.uint32)
+_LAYER = 1  # attention cases use the second of two layers, so a backend that ignores `layer` fails
+
+
+@dataclass
+class CaseResult:
+    op: str
+    case: str
+    nmse: float | None  # of the op's main output; None when the op raised before it could be read
+    limit: float
+    passed: bool
+    error: str | None  # why the case failed, when not only by NMSE (exception, sentinel, modified input)
+    source: str  # the implementation that ran, as OpTable.sources names it
+
+
+@dataclass
+class ConformanceReport:
+    backend: str
+    device: str
+    seed: int
+    results: list[CaseResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.results) and all(r.passed for r in self.results)
+
+    @property
+    def failures(self) -> list[CaseResult]:
+        return [r for r in self.results if not r.passed]
+
+    def format(self) -> str:
+        """A table grouped by op (with the implementation that ran), failure reasons under their case."""
+        lines = [f"conformance of backend {self.backend!r} on {self.device} (seed {self.seed})"]
+        width = max((len(r.case) for r in self.results), default=0)
+        for op in dict.fromkeys(r.op for r in self.results):
+            cases = [r for r in self.results if r.op == op]
+            lines.append(f"{op}  [{cases[0].source}]")
+            for r in cases:
+                verdict = "ok  " if r.passed else "FAIL"
+                if r.nmse is None:
+                    measured = f"nmse {'-':>9}    {r.limit:.0e}"
+                else:
+                    measured = f"nmse {r.nmse:9.2e} {'<=' if r.nmse <= r.limit else '> '} {r.limit:.0e}"
+                lines.append(f"  {verdict}  {r.case:<{width}}  {measured}")
+                if r.error:
+                    lines.extend(f"        {line}" for line in r.error.splitlines())
+        failed = self.failures
+        if failed:
+            ops = ", ".join(dict.fromkeys(r.op for r in failed))
+            lines.append(f"FAILED: {len(failed)} of {len(self.results)} cases ({ops}) in {self.seconds:.1f} s")
+        else:
+            lines.append(f"PASSED: {len(self.results)} cases in {self.seconds:.1f} s")
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data for JSON; a NaN or infinite NMSE becomes the string "nan" / "inf" (JSON has neither)."""
+        results = [asdict(r) for r in self.results]
+        for r in results:
+            if r["nmse"] is not None and not np.isfinite(r["nmse"]):
+                r["nmse"] = str(r["nmse"])
+        return {
+            "backend": self.backend,
+            "device": self.device,
+            "seed": self.seed,
+            "passed": self.passed,
+            "seconds": self.seconds,
+            "results": results,
+        }
+
+
+# -- one case's buffers and checks ---------------------------------------------------------------------
+
+
+def _sentinel_buffer(size: int) -> np.ndarray:
+    return np.resize(_SENTINEL, size).view(np.float32)
+
+
+class _Trial:
+    """The tensors of one case, each placed at offset GUARD in a sentinel-filled buffer, and their checks."""
+
+    def __init__(self, rt: Any):
+        self.rt = rt
+        self.problems: list[str] = []
+        self.nmse: float | None = None
+        self._buffers: dict[str, tuple[Any, np.ndarray, tuple[int, ...], bool]] = {}
+        self._host: list[tuple[str, Any, list[bytes]]] = []
+
+    def _place(self, name: str, array: np.ndarray, frozen: bool) -> Any:
+        host = _sentinel_buffer(2 * GUARD + array.size)
+        host[GUARD : GUARD + array.size] = array.ravel()
+        buffer = self.rt.from_numpy(host)
+        self._buffers[name] = (buffer, host, array.shape, frozen)
+        return self.rt.view(buffer, GUARD, array.shape)
+
+    def input(self, name: str, array: np.ndarray) -> Any:
+        """A read-only input: after the op, its whole buffer must be bit-for-bit unchanged."""
+        return self._place(name, np.ascontiguousarray(array, dtype=np.float32), frozen=True)
+
+    def scratch_input(self, name: str, array: np.ndarray) -> Any:
+        """An input the op may clobber (qkv of attention) or update (residual): only its guards are checked."""
+        return self._place(name, np.ascontiguousarray(array, dtype=np.float32), frozen=False)
+
+    def output(self, name: str, shape: tuple[int, ...]) -> Any:
+        return self._place(name, _sentinel_buffer(int(np.prod(shape))).reshape(shape), frozen=False)
+
+    def weight(self, weight: Weight) -> Any:
+        arrays = [weight.packed, weight.scale, weight.bias] if isinstance(weight, Int4Weight) else [weight.data]
+        self._host.append(("weight", arrays, [a.tobytes() for a in arrays]))
+        return self.rt.prepare_weight(weight)
+
+    def ints(self, name: str, values: list[int]) -> np.ndarray:
+        """A host int32 index array (ids, slots, positions), which the op must not modify either."""
+        array = np.asarray(values, dtype=np.int32)
+        self._host.append((name, [array], [array.tobytes()]))
+        return array
+
+    def kv_cache(self, spec: KVCacheSpec, k: np.ndarray, v: np.ndarray) -> Any:
+        cache = self.rt.new_kv_cache(spec)
+        self.rt.kv_cache_from_numpy(cache, k, v)
+        return cache
+
+    def read(self, name: str) -> np.ndarray:
+        buffer, _, shape, _ = self._buffers[name]
+        size = int(np.prod(shape))
+        return self.rt.to_numpy(buffer).reshape(-1)[GUARD : GUARD + size].reshape(shape)
+
+    def compare(self, name: str, ref: np.ndarray, limit: float, main: bool = True) -> None:
+        """NMSE of buffer ``name`` against ``ref``; the main output's NMSE is the case's, others must pass."""
+        got = self.read(name)
+        unwritten = int(np.isin(got.view(np.uint32), _SENTINEL).sum())
+        if unwritten:
+            self.problems.append(
+                f"{unwritten} of {got.size} elements of {name} were never written "
+                "(they still hold the sentinel, or were computed from unwritten data)"
+            )
+        error = reference.nmse(got, ref)
+        if main:
+            self.nmse = error
+        elif not error <= limit:
+            self.problems.append(f"{name}: nmse {error:.2e} above its limit {limit:.0e}")
+
+    def compare_cache(self, cache: Any, k_ref: np.ndarray, v_ref: np.ndarray, before: tuple, written: np.ndarray):
+        """The written (layer, slot, kv_head, position) entries match the reference; all others are untouched."""
+        k_now, v_now = self.rt.kv_cache_to_numpy(cache)
+        for label, now, ref, old in (("k", k_now, k_ref, before[0]), ("v", v_now, v_ref, before[1])):
+            error = reference.nmse(now[written], ref[written])
+            if not error <= EXACT_LIMIT:
+                self.problems.append(f"KV cache {label} at the new positions: nmse {error:.2e} above {EXACT_LIMIT:.0e}")
+            bits = np.uint16 if now.dtype == np.float16 else np.uint32
+            changed = now[~written].view(bits) != old[~written].view(bits)
+            if changed.any():
+                where = np.argwhere((now.view(bits) != old.view(bits)).any(axis=-1) & ~written)[0].tolist()
+                self.problems.append(
+                    f"KV cache {label} changed outside the new positions: {int(changed.sum())} values, "
+                    f"first at (layer, slot, kv_head, position) = {tuple(where)}"
+                )
+
+    def verify_untouched(self) -> None:
+        """Guards of every buffer, whole read-only inputs and host arrays must be as they were."""
+        for name, (buffer, host, shape, frozen) in self._buffers.items():
+            now = self.rt.to_numpy(buffer).reshape(-1).view(np.uint32)
+            was = host.view(np.uint32)
+            size = int(np.prod(shape))
+            for region, lo, hi in (("before", 0, GUARD), ("after", GUARD + size, 2 * GUARD + size)):
+                hit = np.flatnonzero(now[lo:hi] != was[lo:hi])
+                if hit.size:
+                    offset = (hit[-1] - GUARD) if region == "before" else hit[0]
+                    self.problems.append(
+                        f"out-of-bounds write: {hit.size} guard element(s) {region} {name} overwritten "
+                        f"(nearest at {offset:+d} elements from its {'start' if region == 'before' else 'end'})"
+                    )
+            if frozen and (now[GUARD : GUARD + size] != was[GUARD : GUARD + size]).any():
+                self.problems.append(f"input {name} was modified; the contract says the op only reads it")
+        for name, arrays, saved in self._host:
+            if [a.tobytes() for a in arrays] != saved:
+                self.problems.append(f"host {name} arrays were modified; the contract says the op only reads them")
+
+
+# -- inputs ---------------------------------------------------------------------------------------------
+
+
+def _activations(rng: np.random.Generator, shape: tuple[int, ...], decades: float = 2.0) -> np.ndarray:
+    """Float32 values spread over many orders of magnitude, between rows and within each row."""
+    rows = 10.0 ** rng.uniform(-decades, decades, (shape[0], 1))
+    within = 10.0 ** rng.uniform(-1.5, 1.5, shape)
+    return (rng.standard_normal(shape) * rows * within).astype(np.float32)
+
+
+def _int4(rng: np.random.Generator, m: int, k: int, group: int, how: str) -> Int4Weight:
+    """An int4 weight from quantize_rtn of random data ("rtn"), or with random codes, scales and biases."""
+    if how == "rtn":
+        return quantize_rtn(rng.standard_normal((m, k)).astype(np.float32) * 0.05, group)
+    packed = rng.integers(0, 256, (m, k // 2), dtype=np.uint8)
+    scale = rng.uniform(-0.05, 0.05, (m, k // group)).astype(np.float16)
+    bias = rng.normal(0.0, 0.1, (m, k // group)).astype(np.float32)
+    return Int4Weight(packed, scale, bias, group)
+
+
+def _dense(rng: np.random.Generator, m: int, k: int, dtype: str) -> DenseWeight:
+    return DenseWeight((rng.standard_normal((m, k)) * 0.05).astype(dtype))
+
+
+def _make_weight(rng: np.random.Generator, desc: tuple) -> Weight:
+    """("int4", m, k, group, "rtn"|"random") or ("dense", m, k, "float32"|"float16")."""
+    if desc[0] == "int4":
+        return _int4(rng, *desc[1:])
+    return _dense(rng, *desc[1:])
+
+
+def _describe(desc: tuple) -> str:
+    if desc[0] == "int4":
+        _, m, k, group, how = desc
+        return f"int4 g{group} {how} ({m}x{k})"
+    _, m, k, dtype = desc
+    return f"{dtype} ({m}x{k})"
+
+
+def _rope_table(max_seq_len: int, head_dim: int, theta: float = 10000.0) -> tuple[np.ndarray, np.ndarray]:
+    inv_freq = theta ** (-np.arange(0, head_dim, 2) / head_dim)
+    angles = np.arange(max_seq_len)[:, None] * inv_freq[None, :]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+# -- cases: (case name, limit, body(trial, rng)) per op --------------------------------------------------
+
+Body = Callable[[_Trial, np.random.Generator], None]
+
+
+def _matmul_case(op: str, n: int, desc: tuple) -> tuple[str, float, Body]:
+    """A matmul-like op on an (m, k) weight; for gate_up_silu the weight is [w_gate; w_up] and out is (n, m/2)."""
+
+    def body(t: _Trial, rng: np.random.Generator) -> None:
+        weight = _make_weight(rng, desc)
+        m, k = weight.shape
+        x = _activations(rng, (n, k))
+        shape = (n, m // 2 if op == "gate_up_silu" else m)
+        handle, x_in, out = t.weight(weight), t.input("x", x), t.output("out", shape)
+        getattr(t.rt.ops, op)(x_in, handle, out)
+        # A second call on the same handle catches a weight altered in device memory (which the host
+        # copies cannot show) and state kept wrongly between calls (caches, scratch buffers).
+        getattr(t.rt.ops, op)(x_in, handle, t.output("out of a second call", shape))
+        ref = reference.gate_up_silu(x, weight) if op == "gate_up_silu" else reference.matmul(x, weight)
+        t.compare("out", ref, MATMUL_LIMIT)
+        t.compare("out of a second call", ref, MATMUL_LIMIT, main=False)
+
+    return f"n={n} {_describe(desc)}", MATMUL_LIMIT, body
+
+
+def _qkv_case(n: int, kind: str) -> tuple[str, float, Body]:
+    """qkv_proj on a weight made the way the model makes it: concat_rows of separate q, k, v weights."""
+
+    def body(t: _Trial, rng: np.random.Generator) -> None:
+        parts = [
+            _int4(rng, rows, 128, 64, "rtn") if kind == "int4" else _dense(rng, rows, 128, "float32")
+            for rows in (192, 64, 64)
+        ]
+        weight = concat_rows(parts)
+        x = _activations(rng, (n, 128))
+        handle, out = t.weight(weight), t.output("out", (n, 320))
+        t.rt.ops.qkv_proj(t.input("x", x), handle, out)
+        t.compare("out", reference.matmul(x, weight), MATMUL_LIMIT)
+
+    return f"n={n} {kind} q|k|v 192+64+64 x 128", MATMUL_LIMIT, body
+
+
+def _embedding_case(n: int, desc: tuple) -> tuple[str, float, Body]:
+    limit = MATMUL_LIMIT if desc[0] == "int4" else EXACT_LIMIT
+
+    def body(t: _Trial, rng: np.random.Generator) -> None:
+        table = _make_weight(rng, desc)
+        vocab, d = table.shape
+        ids = rng.integers(0, vocab, n)
+        ids[-1] = vocab - 1  # the last row, where an off-by-one in the row stride shows
+        if n > 2:
+            ids[1] = ids[0]  # a repeated id
+        handle, out = t.weight(table), t.output("out", (n, d))
+        t.rt.ops.embedding(handle, t.ints("ids", ids.tolist()), out)
+        t.compare("out", reference.embedding(table, ids), limit)
+
+    return f"n={n} {_describe(desc)}", limit, body
+
+
+def _norm_case(op: str, n: int, d: int, eps: float) -> tuple[str, float, Body]:
+    def body(t: _Trial, rng: np.random.Generator) -> None:
+        x = _activations(rng, (n, d), decades=3.0)
+        if n > 1:  # a row so small that eps dominates its mean square: catches eps outside the square root
+            x[0] = rng.standard_normal(d) * 1e-4
+        weight = (1.0 + 0.3 * rng.standard_normal(d)).astype(np.float32)
+        out = t.output("out", (n, d))
+        if op == "rmsnorm":
+            t.rt.ops.rmsnorm(t.input("x", x), t.input("weight", weight), eps, out)
+            t.compare("out", reference.rmsnorm(x, weight, eps), NORM_LIMIT)
+            return
+        residual = _activations(rng, (n, d), decades=3.0)
+        t.rt.ops.add_rmsnorm(
+            t.input("x", x), t.scratch_input("residual", residual), t.input("weight", weight), eps, out
+        )
+        new_residual, normed = reference.add_rmsnorm(x, residual, weight, eps)
+        t.compare("out", normed, NORM_LIMIT)
+        t.compare("residual", new_residual, EXACT_LIMIT, main=False)
+
+    return f"n={n} d={d} eps={eps:g}", NORM_LIMIT, body
+
+
+def _silu_case(n: int, f: int) -> tuple[str, float, Body]:
+    def body(t: _Trial, rng: np.random.Generator) -> None:
+        gate_up = _activations(rng, (n, 2 * f), decades=1.5)  # gates reach +-1e3: exp(-gate) must not overflow
+        out = t.output("out", (n, f))
+        t.rt.ops.silu_mul(t.input("gate_up", gate_up), out)
+        t.compare("out", reference.silu_mul(gate_up), NORM_LIMIT)
+
+    return f"n={n} f={f}", NORM_LIMIT, body
+
+
+def _attention_case(
+    op: str, heads: tuple[int, int, int], cache_dtype: str, slots: list[int], positions: list[int], t_len: int = 1
+) -> tuple[str, float, Body]:
+    """Decode of len(slots) sequences at ``positions``, or a prefill of t_len tokens at positions[0].. of slots[0]."""
+    spec = AttentionSpec(*heads)
+    kv = KVCacheSpec(
+        n_layers=2, n_slots=4, max_seq_len=128, n_kv_heads=spec.n_kv_heads, head_dim=spec.head_dim, dtype=cache_dtype
+    )
+
+    def body(t: _Trial, rng: np.random.Generator) -> None:
+        # Garbage everywhere (large, so reading a wrong slot, layer or future position changes the result),
+        # then ordinary random history before each sequence's first new position.
+        k0 = (rng.choice([-1.0, 1.0], kv.shape) * rng.uniform(1e3, 3e4, kv.shape)).astype(cache_dtype)
+        v0 = (rng.choice([-1.0, 1.0], kv.shape) * rng.uniform(1e3, 3e4, kv.shape)).astype(cache_dtype)
+        written = np.zeros(kv.shape[:4], dtype=bool)
+        for slot, pos in zip(slots, positions, strict=True):
+            k0[_LAYER, slot, :, :pos] = rng.standard_normal((spec.n_kv_heads, pos, spec.head_dim))
+            v0[_LAYER, slot, :, :pos] = rng.standard_normal((spec.n_kv_heads, pos, spec.head_dim))
+            written[_LAYER, slot, :, pos : pos + t_len] = True
+        cos, sin = _rope_table(kv.max_seq_len, spec.head_dim)
+        rows = len(slots) if op == "attention_decode" else t_len
+        qkv = (rng.standard_normal((rows, spec.qkv_dim)) * 1.5).astype(np.float32)
+        cache = t.kv_cache(kv, k0, v0)
+        rope = RopeTable(t.input("rope.cos", cos), t.input("rope.sin", sin))
+        out = t.output("out", (rows, spec.q_dim))
+        if op == "attention_decode":
+            slots_arg, positions_arg = t.ints("slots", slots), t.ints("positions", positions)
+            t.rt.ops.attention_decode(
+                t.scratch_input("qkv", qkv), cache, _LAYER, slots_arg, positions_arg, rope, spec, out
+            )
+            ref, k_ref, v_ref = reference.attention_decode(qkv, k0, v0, _LAYER, slots, positions, cos, sin, spec)
+        else:
+            t.rt.ops.attention_prefill(
+                t.scratch_input("qkv", qkv), cache, _LAYER, slots[0], positions[0], rope, spec, out
+            )
+            ref, k_ref, v_ref = reference.attention_prefill(qkv, k0, v0, _LAYER, slots[0], positions[0], cos, sin, spec)
+        t.compare("out", ref, MATMUL_LIMIT)
+        t.compare_cache(cache, k_ref, v_ref, (k0, v0), written)
+
+    where = (
+        f"slots={slots} positions={positions}"
+        if op == "attention_decode"
+        else f"slot={slots[0]} start={positions[0]} T={t_len}"
+    )
+    return f"heads {spec.n_heads}/{spec.n_kv_heads}x{spec.head_dim} {cache_dtype} cache {where}", MATMUL_LIMIT, body
+
+
+def _cases(op: str) -> list[tuple[str, float, Body]]:
+    """The cases of one op: odd sizes, every batch size and group size, both weight makings, GQA ratios 1/3/4."""
+    if op == "embedding":
+        return [
+            _embedding_case(1, ("int4", 1001, 96, 32, "rtn")),
+            _embedding_case(5, ("int4", 4097, 128, 128, "random")),
+            _embedding_case(17, ("int4", 300, 192, 64, "rtn")),
+            _embedding_case(64, ("dense", 513, 129, "float32")),
+            _embedding_case(2, ("dense", 513, 77, "float16")),
+            _embedding_case(64, ("int4", 2000, 96, 32, "random")),
+        ]
+    if op == "int4_gemv":
+        return [
+            _matmul_case(op, 1, ("int4", 1, 96, 32, "rtn")),
+            _matmul_case(op, 1, ("int4", 3, 128, 32, "random")),
+            _matmul_case(op, 1, ("int4", 129, 128, 64, "rtn")),
+            _matmul_case(op, 1, ("int4", 4097, 128, 128, "random")),
+            _matmul_case(op, 1, ("int4", 1536, 576, 64, "rtn")),
+            _matmul_case(op, 1, ("int4", 129, 384, 128, "rtn")),
+        ]
+    if op == "int4_gemm":
+        return [
+            _matmul_case(op, 1, ("int4", 129, 128, 32, "random")),  # n=1 is legal for gemm too
+            _matmul_case(op, 2, ("int4", 3, 96, 32, "rtn")),
+            _matmul_case(op, 5, ("int4", 129, 128, 64, "random")),
+            _matmul_case(op, 17, ("int4", 1, 192, 64, "rtn")),
+            _matmul_case(op, 64, ("int4", 4097, 128, 128, "rtn")),
+            _matmul_case(op, 17, ("int4", 129, 384, 32, "random")),
+            _matmul_case(op, 64, ("int4", 1536, 576, 64, "random")),
+        ]
+    if op == "dense_gemm":
+        return [
+            _matmul_case(op, 1, ("dense", 129, 77, "float32")),
+            _matmul_case(op, 2, ("dense", 3, 128, "float16")),
+            _matmul_case(op, 5, ("dense", 1, 129, "float32")),
+            _matmul_case(op, 17, ("dense", 4097, 96, "float16")),
+            _matmul_case(op, 64, ("dense", 129, 200, "float32")),
+        ]
+    if op in ("linear", "logits"):
+        m = 4097 if op == "logits" else 129
+        return [
+            _matmul_case(op, 1, ("int4", m, 128, 32, "rtn")),
+            _matmul_case(op, 5, ("int4", m, 128, 128, "random")),
+            _matmul_case(op, 3, ("dense", m, 96, "float16")),
+            _matmul_case(op, 2, ("dense", m, 96, "float32")),
+        ]
+    if op == "qkv_proj":
+        return [_qkv_case(1, "int4"), _qkv_case(7, "int4"), _qkv_case(2, "dense")]
+    if op == "gate_up_silu":
+        return [
+            _matmul_case(op, 1, ("int4", 258, 128, 64, "rtn")),
+            _matmul_case(op, 5, ("int4", 128, 192, 32, "random")),
+            _matmul_case(op, 17, ("dense", 128, 96, "float16")),
+        ]
+    if op in ("rmsnorm", "add_rmsnorm"):
+        return [
+            _norm_case(op, 1, 96, 1e-5),
+            _norm_case(op, 5, 129, 1e-6),
+            _norm_case(op, 17, 4097, 1e-5),
+            _norm_case(op, 64, 576, 1e-6),
+        ]
+    if op == "silu_mul":
+        return [_silu_case(1, 1), _silu_case(5, 129), _silu_case(17, 4097), _silu_case(64, 96)]
+    if op == "attention_decode":
+        return [
+            _attention_case(op, (4, 4, 32), "float32", [2], [0]),
+            _attention_case(op, (6, 2, 64), "float32", [3, 0, 1], [5, 37, 127]),
+            _attention_case(op, (8, 2, 64), "float16", [1, 2, 0], [64, 1, 99]),
+            _attention_case(op, (4, 1, 128), "float16", [0], [50]),
+            _attention_case(op, (4, 4, 32), "float16", [0, 3, 2], [127, 0, 64]),
+        ]
+    if op == "attention_prefill":
+        return [
+            _attention_case(op, (4, 4, 32), "float32", [0], [0], t_len=1),
+            _attention_case(op, (6, 2, 64), "float32", [2], [0], t_len=7),
+            _attention_case(op, (8, 2, 64), "float16", [1], [40], t_len=7),
+            _attention_case(op, (6, 2, 64), "float32", [3], [33], t_len=64),
+            _attention_case(op, (4, 1, 128), "float16", [0], [0], t_len=64),
+            _attention_case(op, (8, 2, 64), "float32", [2], [90], t_len=1),
+        ]
+    raise InvalidArgumentError(f"no conformance cases for op {op!r}")
+
+
+# -- running ---------------------------------------------------------------------------------------------
+
+
+def _describe_exception(exc: BaseException) -> str:
+    """The exception and the innermost frame it came from, which is usually the op's own code."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"raised {type(exc).__name__}: {exc}{where}"
+
+
+def _run_case(rt: Any, op: str, case: str, limit: float, body: Body, seed: int) -> CaseResult:
+    rng = np.random.default_rng([seed, zlib.crc32(f"{op}/{case}".encode())])  # each case reproducible alone
+    trial = _Trial(rt)
+    try:
+        with np.errstate(all="ignore"):  # the report, not a stream of warnings, says what went wrong
+            body(trial, rng)
+            trial.verify_untouched()
+    except Exception as exc:  # an op that raises fails its case; it must not stop the other cases
+        trial.problems.append(_describe_exception(exc))
+    passed = not trial.problems and trial.nmse is not None and trial.nmse <= limit
+    error = "\n".join(trial.problems) or None
+    return CaseResult(op, case, trial.nmse, limit, passed, error, rt.ops.sources.get(op, "?"))
+
+
+def check_backend(
+    name: str,
+    device: int | str | None = None,
+    ops: list[str] | None = None,
+    seed: int = 0,
+    registry: Any = None,
+) -> ConformanceReport:
+    """Run the conformance cases of ``ops`` (default: all of OP_NAMES) on a device of backend ``name``.
+
+    ``registry`` defaults to the process-wide one (perfx_core.plugins.get_registry()). A backend that
+    cannot be opened raises its error; an op that raises or is wrong fails its case in the report.
+    """
+    unknown = [op for op in ops or () if op not in OP_NAMES]
+    if unknown:
+        raise InvalidArgumentError(f"unknown op(s) {', '.join(unknown)}; ops are {', '.join(OP_NAMES)}")
+    if registry is None:
+        from .plugins import get_registry  # plugins imports ops; importing it lazily keeps this module light
+
+        registry = get_registry()
+    start = time.perf_counter()
+    rt = registry.open_runtime(name, device)
+    report = ConformanceReport(backend=name, device=rt.device.name, seed=seed)
+    try:
+        for op in [op for op in OP_NAMES if ops is None or op in ops]:
+            for case, limit, body in _cases(op):
+                report.results.append(_run_case(rt, op, case, limit, body, seed))
+    finally:
+        rt.close()
+    report.seconds = time.perf_counter() - start
+    return report

@@ -1,0 +1,200 @@
+"""The generation loop: prefill, then decode token by token, streaming text and measuring itself."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Iterator, Sequence
+
+import numpy as np
+
+from .errors import ContextLengthError, InvalidArgumentError
+from .measure import peak_host_bytes
+from .sampling import Sampler, SamplingParams
+
+if TYPE_CHECKING:
+    from .model import LlamaModel
+    from .tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token and the text it completed (may be "" while a UTF-8 character or stop string is pending)."""
+
+    id: int
+    text: str
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    time_to_first_token_s: float = 0.0  # from the call to the first sampled token (tokenizing included)
+    prefill_s: float = 0.0
+    decode_s: float = 0.0  # the decode steps after the first token
+    prefill_tokens_per_s: float = 0.0
+    decode_tokens_per_s: float = 0.0
+    peak_host_bytes: int = 0  # peak resident memory of this process so far
+    backend_bytes: int = 0  # bytes the backend holds (weights, KV cache, buffers)
+    backend_peak_bytes: int = 0
+    finish_reason: str = ""  # "stop" (EOS or stop string), "length", or "cancelled"
+    op_profile: dict | None = field(default=None)  # seconds and calls per op, when profiling
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class StreamingText:
+    """Turns a growing list of token ids into text deltas, holding back an unfinished UTF-8 character
+    and any tail that could be the start of a stop string."""
+
+    def __init__(self, tokenizer: "Tokenizer", stop: Sequence[str]):
+        self.tokenizer = tokenizer
+        self.stop = [s for s in stop if s]
+        self.ids: list[int] = []
+        self.emitted = ""
+        self.stopped = False
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return ""  # a multi-byte character is split across tokens: wait for the rest
+        for s in self.stop:
+            cut = text.find(s, max(0, len(self.emitted) - len(s)))
+            if cut != -1:
+                self.stopped = True
+                return self._emit(text[:cut])
+        return self._emit(text[: len(text) - self._pending_stop_prefix(text)])
+
+    def _pending_stop_prefix(self, text: str) -> int:
+        """Length of the longest tail of ``text`` that is a proper prefix of a stop string."""
+        longest = 0
+        for s in self.stop:
+            for n in range(min(len(s) - 1, len(text)), longest, -1):
+                if text.endswith(s[:n]):
+                    longest = n
+                    break
+        return longest
+
+    def _emit(self, text: str) -> str:
+        delta = text[len(self.emitted) :] if text.startswith(self.emitted) else ""
+        self.emitted += delta
+        return delta
+
+    def flush(self) -> str:
+        """At the end, release held-back text that turned out not to be a stop string."""
+        if self.stopped:
+            return ""
+        return self._emit(self.tokenizer.decode(self.ids))
+
+
+class Generation:
+    """An iterator of TokenEvent for one request; ``stats``, ``text`` and ``token_ids`` fill in as it runs.
+
+    Stopping early (``close()`` or leaving a for-loop with break) ends it with finish_reason "cancelled".
+    """
+
+    def __init__(
+        self,
+        model: "LlamaModel",
+        tokenizer: "Tokenizer",
+        prompt_ids: Sequence[int],
+        *,
+        max_tokens: int,
+        sampling: SamplingParams,
+        stop: Sequence[str] = (),
+        slot: int = 0,
+        profile: bool = False,
+        ignore_eos: bool = False,
+    ):
+        if not isinstance(max_tokens, (int, np.integer)) or max_tokens < 1:
+            raise InvalidArgumentError(f"max_tokens must be an integer >= 1; got {max_tokens!r}")
+        if len(prompt_ids) == 0:
+            raise InvalidArgumentError("the prompt is empty: give at least one token of text")
+        if len(prompt_ids) + max_tokens > model.max_seq_len:
+            raise ContextLengthError(len(prompt_ids), int(max_tokens), model.max_seq_len)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.prompt_ids = list(prompt_ids)
+        self.max_tokens = int(max_tokens)
+        self.sampler = Sampler(sampling)
+        self.streaming = StreamingText(tokenizer, stop)
+        self.slot = slot
+        self.profile = profile
+        self.ignore_eos = ignore_eos
+        self.stats = GenerationStats(prompt_tokens=len(self.prompt_ids))
+        self.token_ids: list[int] = []
+        self.text = ""
+        self._decode_steps = 0
+        self._events = self._run()
+
+    def __iter__(self) -> Iterator[TokenEvent]:
+        return self
+
+    def __next__(self) -> TokenEvent:
+        return next(self._events)
+
+    def close(self) -> None:
+        self._events.close()
+
+    def run(self) -> str:
+        """Consume the whole generation; returns the text."""
+        for _ in self:
+            pass
+        return self.text
+
+    def _run(self) -> Iterator[TokenEvent]:
+        model, stats = self.model, self.stats
+        ops = model.rt.ops
+        if self.profile:
+            ops.start_profiling()
+        stats.finish_reason = "cancelled"
+        start = time.perf_counter()
+        try:
+            logits = model.prefill(self.prompt_ids, slot=self.slot)
+            stats.prefill_s = time.perf_counter() - start
+            decode_start = time.perf_counter()
+            position = len(self.prompt_ids)
+            while True:
+                token = self.sampler(logits, self.prompt_ids + self.token_ids)
+                if not self.token_ids:
+                    stats.time_to_first_token_s = time.perf_counter() - start
+                    decode_start = time.perf_counter()
+                if token in self.tokenizer.eos_ids and not self.ignore_eos:
+                    stats.finish_reason = "stop"
+                    break
+                self.token_ids.append(token)
+                stats.generated_tokens = len(self.token_ids)
+                delta = self.streaming.push(token)
+                self.text += delta
+                yield TokenEvent(token, delta)
+                if self.streaming.stopped:
+                    stats.finish_reason = "stop"
+                    break
+                if len(self.token_ids) >= self.max_tokens:
+                    stats.finish_reason = "length"
+                    break
+                logits = model.decode([token], [self.slot], [position])[0]
+                position += 1
+                self._decode_steps += 1
+                stats.decode_s = time.perf_counter() - decode_start
+            tail = self.streaming.flush()
+            if tail:
+                self.text += tail
+                yield TokenEvent(self.token_ids[-1], tail)
+        finally:
+            self._finish_stats(ops)
+
+    def _finish_stats(self, ops) -> None:
+        stats = self.stats
+        if stats.prefill_s > 0:
+            stats.prefill_tokens_per_s = stats.prompt_tokens / stats.prefill_s
+        if self._decode_steps and stats.decode_s > 0:
+            stats.decode_tokens_per_s = self._decode_steps / stats.decode_s
+        stats.peak_host_bytes = peak_host_bytes()
+        stats.backend_bytes = self.model.rt.allocated_bytes
+        stats.backend_peak_bytes = self.model.rt.peak_allocated_bytes
+        if self.profile:
+            profile = ops.stop_profiling()
+            stats.op_profile = profile.as_dict() if profile else None

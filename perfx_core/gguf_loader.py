@@ -1,0 +1,481 @@
+"""Load a Llama-family GGUF (llama.cpp's layout) into perfx's LlamaConfig and LlamaWeights.
+
+Tensor types map onto perfx's two formats without extra loss where one exists: F32/F16 stay dense, BF16 and
+Q8_0 widen exactly to float32, Q4_0/Q4_1 become int4 group-32 weights bit for bit. Anything else (K-quants,
+IQ types, Q5_*) is dequantized and re-quantized to int4, with a warning. llama.cpp's converter reorders the
+rows of attn_q/attn_k for its interleaved RoPE; perfx uses rotate-half RoPE, so that reordering is undone here.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import warnings
+from collections import defaultdict
+from typing import Any, Iterator
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, Keys
+from gguf import quants as gguf_quants
+
+from .config import LayerWeights, LlamaConfig, LlamaWeights, RopeScaling
+from .errors import ModelFormatError
+from .gguf_file import GGUFFile, TensorInfo, read_gguf
+from .weights import DenseWeight, Int4Weight, Weight, quantize_rtn, take_rows
+
+SUPPORTED_ARCHITECTURES = ("llama",)
+_CHUNK_ELEMENTS = 1 << 20  # convert ~1M elements at a time so temporaries stay small next to the result
+_IGNORED_TENSORS = re.compile(r"rope_freqs\.weight|blk\.\d+\.attn_rot_embd")  # read separately or unused
+
+_Q4 = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
+_FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
+
+
+def load_llama_gguf(source: str | os.PathLike[str] | GGUFFile) -> tuple[LlamaConfig, LlamaWeights, GGUFFile]:
+    """Read a Llama GGUF: its config, its weights in perfx formats (q/k rows in HF order), and the parsed file."""
+    gf = source if isinstance(source, GGUFFile) else read_gguf(source)
+    if gf.data_offset is None:
+        raise ModelFormatError(f"{gf.path} was read with tensors=False; pass the path or read_gguf(path) instead")
+    config = read_llama_config(gf)
+    _check_tensor_names(gf, config)  # before converting anything, so a wrong file fails at once
+    loader = _TensorLoader(gf)
+
+    q_order = hf_row_order(config.n_heads, config.head_dim)
+    k_order = hf_row_order(config.n_kv_heads, config.head_dim)
+    dim, q_dim, kv_dim, ffn = config.dim, config.q_dim, config.kv_dim, config.ffn_dim
+    layers = []
+    for i in range(config.n_layers):
+        p = f"blk.{i}."
+        layers.append(
+            LayerWeights(
+                attn_norm=loader.vector(p + "attn_norm.weight", dim),
+                wq=take_rows(loader.matrix(p + "attn_q.weight", (q_dim, dim)), q_order),
+                wk=take_rows(loader.matrix(p + "attn_k.weight", (kv_dim, dim)), k_order),
+                wv=loader.matrix(p + "attn_v.weight", (kv_dim, dim)),
+                wo=loader.matrix(p + "attn_output.weight", (dim, q_dim)),
+                ffn_norm=loader.vector(p + "ffn_norm.weight", dim),
+                w_gate=loader.matrix(p + "ffn_gate.weight", (ffn, dim)),
+                w_up=loader.matrix(p + "ffn_up.weight", (ffn, dim)),
+                w_down=loader.matrix(p + "ffn_down.weight", (dim, ffn)),
+            )
+        )
+    embedding = loader.matrix("token_embd.weight", (config.vocab_size, dim))
+    output = loader.matrix("output.weight", (config.vocab_size, dim)) if "output.weight" in gf.tensors else embedding
+    weights = LlamaWeights(embedding, layers, loader.vector("output_norm.weight", dim), output)
+    if "rope_freqs.weight" in gf.tensors:
+        weights.notes.append(
+            "rope_freqs.weight is present; it matches the Llama-3 rope scaling given by the metadata keys, "
+            "which perfx uses"
+        )
+    weights.notes.extend(loader.requantize_notes())
+    return config, weights, gf
+
+
+def _check_tensor_names(gf: GGUFFile, config: LlamaConfig) -> None:
+    parts = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+    names = ["token_embd.weight", "output_norm.weight"]
+    names += [f"blk.{i}.{part}.weight" for i in range(config.n_layers) for part in parts]
+    missing = [n for n in names if n not in gf.tensors]
+    if missing:
+        raise ModelFormatError(
+            f"{gf.path} has no tensor {missing[0]!r}"
+            f"{f' (and {len(missing) - 1} more are missing)' if len(missing) > 1 else ''}; "
+            "check that the file is a complete model"
+        )
+    known = set(names) | {"output.weight"}
+    unused = sorted(n for n in gf.tensors if n not in known and not _IGNORED_TENSORS.fullmatch(n))
+    if unused:
+        raise ModelFormatError(
+            f"{gf.path} has tensors a Llama model does not use: {', '.join(unused[:8])}"
+            f"{' ...' if len(unused) > 8 else ''}; perfx would ignore them and compute wrong outputs. "
+            "Use a plain Llama GGUF (no biases or extra heads)"
+        )
+
+
+# -- config -------------------------------------------------------------------------------------------------
+
+
+def read_llama_config(gf: GGUFFile) -> LlamaConfig:
+    """The LlamaConfig of a GGUF, from its metadata and the token embedding's shape (no weights are read)."""
+    meta = gf.metadata
+    arch = _get(gf, Keys.General.ARCHITECTURE, str)
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ModelFormatError(
+            f"{gf.path} is a {arch!r} model; perfx loads the {', '.join(SUPPORTED_ARCHITECTURES)} architecture "
+            "(Llama, Llama 2/3, SmolLM, TinyLlama, Mistral 7B ...)"
+        )
+
+    def key(template: str) -> str:
+        return template.format(arch=arch)
+
+    n_layers = _get_int(gf, key(Keys.LLM.BLOCK_COUNT))
+    dim = _get_int(gf, key(Keys.LLM.EMBEDDING_LENGTH))
+    ffn_dim = _get_int(gf, key(Keys.LLM.FEED_FORWARD_LENGTH))
+    n_heads = _get_int(gf, key(Keys.Attention.HEAD_COUNT))
+    n_kv_heads = _get_int(gf, key(Keys.Attention.HEAD_COUNT_KV), default=n_heads)
+    norm_eps = _get_float(gf, key(Keys.Attention.LAYERNORM_RMS_EPS))
+    rope_theta = _get_float(gf, key(Keys.Rope.FREQ_BASE), default=10000.0)
+    context_length = _get_int(gf, key(Keys.LLM.CONTEXT_LENGTH))
+    if n_heads % n_kv_heads:
+        raise _bad_meta(gf, f"head_count {n_heads} is not a multiple of head_count_kv {n_kv_heads}")
+
+    key_length = _get_int(gf, key(Keys.Attention.KEY_LENGTH), default=0)
+    rope_dims = _get_int(gf, key(Keys.Rope.DIMENSION_COUNT), default=0)
+    value_length = _get_int(gf, key(Keys.Attention.VALUE_LENGTH), default=0)
+    head_dim = key_length or rope_dims or dim // n_heads
+    if not key_length and not rope_dims and dim % n_heads:
+        raise _bad_meta(gf, f"embedding_length {dim} is not a multiple of head_count {n_heads} and no head size given")
+    if rope_dims and rope_dims != head_dim:
+        raise ModelFormatError(
+            f"{gf.path}: RoPE covers {rope_dims} of {head_dim} head dimensions; perfx supports full-width RoPE only"
+        )
+    if value_length and value_length != head_dim:
+        raise ModelFormatError(
+            f"{gf.path}: value head size {value_length} differs from key head size {head_dim}; "
+            "perfx supports Llama models with equal sizes only"
+        )
+    if head_dim % 2:
+        raise _bad_meta(gf, f"head size {head_dim} is odd; RoPE needs an even head size")
+
+    embd = gf.tensors.get("token_embd.weight")
+    if embd is None:
+        raise ModelFormatError(f"{gf.path} has no tensor 'token_embd.weight'; check that the file is a complete model")
+    if len(embd.shape) != 2 or embd.shape[1] != dim:
+        raise _bad_shape(gf, embd, ("vocab", dim))
+    vocab_size = embd.shape[0]
+    declared_vocab = _get_int(gf, key(Keys.LLM.VOCAB_SIZE), default=vocab_size)
+    if declared_vocab != vocab_size:
+        raise _bad_meta(gf, f"{key(Keys.LLM.VOCAB_SIZE)} is {declared_vocab}; token_embd.weight has {vocab_size} rows")
+
+    name = meta.get(Keys.General.NAME, "")
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        dim=dim,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        head_dim=head_dim,
+        ffn_dim=ffn_dim,
+        norm_eps=norm_eps,
+        rope_theta=rope_theta,
+        context_length=context_length,
+        rope_scaling=_rope_scaling(gf, arch, head_dim, rope_theta),
+        tied_embeddings="output.weight" not in gf.tensors,
+        name=name if isinstance(name, str) else "",
+    )
+
+
+def _rope_scaling(gf: GGUFFile, arch: str, head_dim: int, rope_theta: float) -> RopeScaling | None:
+    meta = gf.metadata
+    type_key = Keys.Rope.SCALING_TYPE.format(arch=arch)
+    factor_key = Keys.Rope.SCALING_FACTOR.format(arch=arch)
+    kind = meta.get(type_key)
+    has_freqs = "rope_freqs.weight" in gf.tensors
+    if kind is None:
+        # llama.cpp treats a bare factor (or the old rope.scale_linear key) as linear scaling.
+        linear = meta.get(factor_key, meta.get(f"{arch}.rope.scale_linear", 1.0))
+        if not isinstance(linear, (int, float)) or float(linear) not in (0.0, 1.0):
+            raise ModelFormatError(
+                f"{gf.path} uses linear RoPE scaling (factor {linear!r}), which perfx does not support; "
+                "use a model without RoPE scaling or with Llama-3 scaling"
+            )
+        if has_freqs:
+            raise ModelFormatError(
+                f"{gf.path} gives its Llama-3 RoPE scaling only as a 'rope_freqs.weight' tensor (llama.cpp's form), "
+                f"without the {arch}.rope.scaling.* keys; perfx does not support that form yet. "
+                "Use a GGUF that has the rope scaling keys, or the Hugging Face checkpoint"
+            )
+        return None
+    if kind == "none":
+        if has_freqs:
+            raise _bad_meta(gf, "rope.scaling.type is 'none' but there is a rope_freqs.weight tensor")
+        return None
+    if kind != "llama3":
+        raise ModelFormatError(
+            f"{gf.path} uses RoPE scaling {kind!r}; perfx supports 'llama3' scaling only, "
+            "so use a model without RoPE scaling or with Llama-3 scaling"
+        )
+    scaling = RopeScaling(
+        factor=_get_float(gf, factor_key),
+        low_freq_factor=_get_float(gf, f"{arch}.rope.scaling.low_freq_factor", default=1.0),
+        high_freq_factor=_get_float(gf, f"{arch}.rope.scaling.high_freq_factor", default=4.0),
+        original_context_length=_get_int(gf, Keys.Rope.SCALING_ORIG_CTX_LEN.format(arch=arch)),
+    )
+    if scaling.high_freq_factor <= scaling.low_freq_factor or scaling.factor <= 0:
+        raise _bad_meta(gf, f"rope scaling {scaling} is inconsistent (need factor > 0 and high_freq > low_freq)")
+    if has_freqs:
+        _check_rope_freqs(gf, scaling, head_dim, rope_theta)
+    return scaling
+
+
+def llama3_rope_divisors(scaling: RopeScaling, head_dim: int, rope_theta: float) -> np.ndarray:
+    """Per-frequency divisors that Llama-3 scaling applies (what llama.cpp stores as rope_freqs.weight)."""
+    freqs = 1.0 / rope_theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelen = 2 * math.pi / freqs
+    old = scaling.original_context_length
+    smooth = (old / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    mid = 1.0 / ((1 - smooth) / scaling.factor + smooth)
+    out = np.where(wavelen < old / scaling.high_freq_factor, 1.0, mid)
+    return np.where(wavelen > old / scaling.low_freq_factor, scaling.factor, out)
+
+
+def _check_rope_freqs(gf: GGUFFile, scaling: RopeScaling, head_dim: int, rope_theta: float) -> None:
+    info = gf.tensors["rope_freqs.weight"]
+    if info.shape != (head_dim // 2,) or info.ggml_type not in _FLOAT_TYPES:
+        raise _bad_shape(gf, info, (head_dim // 2,))
+    stored = _floats(gf, info)
+    if not np.allclose(stored, llama3_rope_divisors(scaling, head_dim, rope_theta), rtol=1e-3):
+        raise ModelFormatError(
+            f"{gf.path}: rope_freqs.weight disagrees with the rope scaling keys ({scaling}); perfx cannot tell "
+            "which is right. Re-convert the model"
+        )
+
+
+# -- tokenizer metadata -------------------------------------------------------------------------------------
+
+
+def check_tokenizer_metadata(metadata: dict[str, Any]) -> None:
+    """Check the tokenizer.ggml.* keys have the right types and lengths; raise ModelFormatError if not."""
+    K = Keys.Tokenizer
+
+    def bad(msg: str) -> ModelFormatError:
+        return ModelFormatError(f"tokenizer metadata: {msg}; the file is corrupt or was not converted for llama.cpp")
+
+    model = metadata.get(K.MODEL)
+    if not isinstance(model, str) or not model:
+        raise bad(f"{K.MODEL!r} is {_describe(model)}, expected a tokenizer model name such as 'llama' or 'gpt2'")
+    tokens = metadata.get(K.LIST)
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+        raise bad(f"{K.LIST!r} must be a non-empty array of strings, got {_describe(tokens)}")
+    n = len(tokens)
+    for key, kind in ((K.SCORES, "f"), (K.TOKEN_TYPE, "i")):
+        arr = metadata.get(key)
+        if arr is None:
+            continue
+        kinds = ("i", "u") if kind == "i" else ("f",)
+        if not isinstance(arr, np.ndarray) or arr.ndim != 1 or arr.dtype.kind not in kinds:
+            raise bad(f"{key!r} must be an array of {'floats' if kind == 'f' else 'integers'}, got {_describe(arr)}")
+        if len(arr) != n:
+            raise bad(f"{key!r} has {len(arr)} entries but there are {n} tokens")
+    merges = metadata.get(K.MERGES)
+    if merges is not None and (not isinstance(merges, list) or not all(isinstance(m, str) for m in merges)):
+        raise bad(f"{K.MERGES!r} must be an array of strings, got {_describe(merges)}")
+    for key in (K.BOS_ID, K.EOS_ID, K.UNK_ID, K.PAD_ID, K.EOT_ID, K.EOM_ID):
+        tid = metadata.get(key)
+        if tid is None:
+            continue
+        if not isinstance(tid, int) or isinstance(tid, bool) or not 0 <= tid < n:
+            # llama.cpp writes -1 (as a signed int) for "no such token"; anything else must index the vocabulary.
+            if not (isinstance(tid, int) and tid == -1):
+                raise bad(f"{key!r} is {tid!r}, not a token id in 0..{n - 1}")
+    for key in (K.ADD_BOS, K.ADD_EOS, K.ADD_PREFIX):
+        if key in metadata and not isinstance(metadata[key], bool):
+            raise bad(f"{key!r} is {metadata[key]!r}, expected true or false")
+
+
+def _describe(v: Any) -> str:
+    if isinstance(v, np.ndarray):
+        return f"an array of {v.dtype} with {len(v)} entries"
+    if isinstance(v, list):
+        kinds = sorted({type(x).__name__ for x in v[:100]})
+        return f"a list of {'/'.join(kinds) or 'nothing'}"
+    return "missing" if v is None else type(v).__name__
+
+
+# -- tensors ------------------------------------------------------------------------------------------------
+
+
+def hf_row_order(n_heads: int, head_dim: int) -> np.ndarray:
+    """Row order that undoes llama.cpp's q/k permutation: ``hf = gguf[order]``.
+
+    llama.cpp's converter does ``w.reshape(n_heads, 2, head_dim // 2, -1).swapaxes(1, 2)``, which puts HF row
+    ``h*hd + j*hd/2 + i`` at GGUF row ``h*hd + 2i + j``. Reading that back with swapped axes inverts it.
+    """
+    return np.arange(n_heads * head_dim).reshape(n_heads, head_dim // 2, 2).swapaxes(1, 2).reshape(-1)
+
+
+class _TensorLoader:
+    """Converts tensors of one GGUFFile into perfx formats, recording which types it had to re-quantize."""
+
+    def __init__(self, gf: GGUFFile):
+        self.gf = gf
+        self.requantized: dict[GGMLQuantizationType, list[int]] = defaultdict(list)  # type -> group sizes used
+
+    def info(self, name: str, shape: tuple[int, ...]) -> TensorInfo:
+        info = self.gf.tensors.get(name)
+        if info is None:
+            raise ModelFormatError(f"{self.gf.path} has no tensor {name!r}; check that the file is a complete model")
+        if info.shape != shape:
+            raise _bad_shape(self.gf, info, shape)
+        return info
+
+    def vector(self, name: str, length: int) -> np.ndarray:
+        return _floats(self.gf, self.info(name, (length,)))
+
+    def matrix(self, name: str, shape: tuple[int, int]) -> Weight:
+        info = self.info(name, shape)
+        t = info.ggml_type
+        raw = self.gf.tensor_data(name)
+        if t == GGMLQuantizationType.F32:
+            return DenseWeight(np.array(raw, dtype=np.float32))
+        if t == GGMLQuantizationType.F16:
+            return DenseWeight(np.array(raw, dtype=np.float16))
+        if t == GGMLQuantizationType.BF16:
+            return DenseWeight(_convert_rows(raw, shape, np.float32, _bf16_to_f32))
+        if t == GGMLQuantizationType.Q8_0:
+            return DenseWeight(_convert_rows(raw, shape, np.float32, _q8_0_to_f32))
+        if t in _Q4:
+            return _q4_to_int4(raw, shape, t)
+        return self.requantize(info, raw)
+
+    def requantize(self, info: TensorInfo, raw: np.ndarray) -> Int4Weight:
+        rows, cols = info.shape
+        group = next((g for g in (128, 64, 32) if cols % g == 0), None)
+        unsupported = ModelFormatError(
+            f"{self.gf.path}: tensor {info.name!r} has type {info.ggml_type.name} and {cols} columns, which "
+            "perfx cannot convert; use a GGUF quantized to Q4_0, Q4_1, Q8_0, F16 or a K-quant"
+        )
+        if group is None:
+            raise unsupported
+        packed = np.empty((rows, cols // 2), np.uint8)
+        scale = np.empty((rows, cols // group), np.float16)
+        bias = np.empty((rows, cols // group), np.float32)
+        for rs in _row_chunks(rows, cols):
+            try:
+                w = quantize_rtn(gguf_quants.dequantize(np.asarray(raw[rs]), info.ggml_type), group_size=group)
+            except NotImplementedError:  # types gguf cannot dequantize (integer tensors, F64, new types)
+                raise unsupported from None
+            packed[rs], scale[rs], bias[rs] = w.packed, w.scale, w.bias
+        self.requantized[info.ggml_type].append(group)
+        return Int4Weight(packed, scale, bias, group)
+
+    def requantize_notes(self) -> list[str]:
+        notes = []
+        for t, groups in self.requantized.items():
+            sizes = "/".join(str(g) for g in sorted(set(groups), reverse=True))
+            msg = (
+                f"{len(groups)} {t.name} tensors were dequantized and re-quantized to int4 (round-to-nearest, "
+                f"group {sizes}); perfx has no {t.name} kernels, so expect a small extra quantization loss. "
+                "A Q4_0/Q4_1 GGUF loads without it"
+            )
+            warnings.warn(msg, stacklevel=3)
+            notes.append(msg)
+        return notes
+
+
+def _floats(gf: GGUFFile, info: TensorInfo) -> np.ndarray:
+    """A small tensor (norm weights, rope_freqs) as float32, whatever its storage type."""
+    raw = gf.tensor_data(info.name)
+    if info.ggml_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+        return np.array(raw, dtype=np.float32)
+    if info.ggml_type == GGMLQuantizationType.BF16:
+        return _bf16_to_f32(np.asarray(raw))
+    try:
+        return np.asarray(gguf_quants.dequantize(np.asarray(raw), info.ggml_type), dtype=np.float32).reshape(info.shape)
+    except NotImplementedError:
+        raise ModelFormatError(
+            f"{gf.path}: tensor {info.name!r} has type {info.ggml_type.name}, which perfx cannot read as floats; "
+            "re-convert the model"
+        ) from None
+
+
+def _row_chunks(rows: int, cols: int) -> Iterator[slice]:
+    step = max(1, _CHUNK_ELEMENTS // max(cols, 1))
+    for r in range(0, rows, step):
+        yield slice(r, min(r + step, rows))
+
+
+def _convert_rows(raw: np.ndarray, shape: tuple[int, int], dtype: type, fn: Any) -> np.ndarray:
+    out = np.empty(shape, dtype)
+    for rs in _row_chunks(shape[0], shape[1]):
+        out[rs] = fn(np.asarray(raw[rs]))
+    return out
+
+
+def _bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    # bfloat16 is the top half of a float32, so the widening is exact.
+    wide = bits.astype(np.uint32)
+    wide <<= 16
+    return wide.view(np.float32)
+
+
+def _q8_0_to_f32(blocks: np.ndarray) -> np.ndarray:
+    rows = blocks.shape[0]
+    b = blocks.reshape(rows, -1, 34)
+    d = np.ascontiguousarray(b[:, :, :2]).view(np.float16).astype(np.float32)  # (rows, nb, 1)
+    values = b[:, :, 2:].view(np.int8).astype(np.float32)
+    values *= d  # int8 (8 bits) times fp16 (11 bits) fits float32's 24-bit mantissa: exact
+    return values.reshape(rows, -1)
+
+
+def _q4_to_int4(raw: np.ndarray, shape: tuple[int, int], t: GGMLQuantizationType) -> Int4Weight:
+    rows, cols = shape
+    nb = cols // 32
+    has_min = t == GGMLQuantizationType.Q4_1
+    block_bytes = GGML_QUANT_SIZES[t][1]
+    packed = np.empty((rows, cols // 2), np.uint8)
+    scale = np.empty((rows, nb), np.float16)
+    bias = np.empty((rows, nb), np.float32)
+    for rs in _row_chunks(rows, cols):
+        b = np.asarray(raw[rs]).reshape(-1, nb, block_bytes)
+        d = np.ascontiguousarray(b[:, :, 0:2]).view(np.float16)[:, :, 0]
+        scale[rs] = d
+        if has_min:
+            bias[rs] = np.ascontiguousarray(b[:, :, 2:4]).view(np.float16)[:, :, 0]
+        else:
+            bias[rs] = d.astype(np.float32) * np.float32(-8.0)  # (q - 8) * d == q * d + (-8 d), exactly
+        qs = b[:, :, block_bytes - 16 :]
+        # GGML: byte j holds element j (low nibble) and element j + 16 (high). perfx: byte k holds 2k and 2k + 1.
+        lo, hi = qs & 0x0F, qs >> 4  # elements 0..15 and 16..31 of each block
+        out = np.empty(qs.shape, np.uint8)
+        out[:, :, :8] = lo[:, :, 0::2] | (lo[:, :, 1::2] << 4)
+        out[:, :, 8:] = hi[:, :, 0::2] | (hi[:, :, 1::2] << 4)
+        packed[rs] = out.reshape(out.shape[0], -1)
+    return Int4Weight(packed, scale, bias, 32)
+
+
+# -- metadata helpers ---------------------------------------------------------------------------------------
+
+_REQUIRED = object()
+_FIX = "the file is corrupt or was converted wrongly; re-download or re-convert it"
+
+
+def _get(gf: GGUFFile, key: str, kind: type | tuple[type, ...], default: Any = _REQUIRED) -> Any:
+    if key not in gf.metadata:
+        if default is _REQUIRED:
+            raise ModelFormatError(f"{gf.path} lacks the required metadata key {key!r}; {_FIX}")
+        return default
+    v = gf.metadata[key]
+    if not isinstance(v, kind):
+        expected = "a number" if isinstance(kind, tuple) else kind.__name__
+        raise ModelFormatError(f"{gf.path}: metadata {key!r} is {_describe(v)}, expected {expected}; {_FIX}")
+    return v
+
+
+def _get_int(gf: GGUFFile, key: str, default: Any = _REQUIRED) -> int:
+    if key not in gf.metadata and default is not _REQUIRED:
+        return default
+    v = _get(gf, key, int)
+    if isinstance(v, bool) or v <= 0:
+        raise ModelFormatError(f"{gf.path}: metadata {key!r} is {v!r}, expected a positive integer; {_FIX}")
+    return v
+
+
+def _get_float(gf: GGUFFile, key: str, default: Any = _REQUIRED) -> float:
+    if key not in gf.metadata and default is not _REQUIRED:
+        return default
+    v = _get(gf, key, (int, float))
+    if isinstance(v, bool) or not math.isfinite(v) or v <= 0:
+        raise ModelFormatError(f"{gf.path}: metadata {key!r} is {v!r}, expected a positive number; {_FIX}")
+    return float(v)
+
+
+def _bad_meta(gf: GGUFFile, msg: str) -> ModelFormatError:
+    return ModelFormatError(f"{gf.path}: {msg}; {_FIX}")
+
+
+def _bad_shape(gf: GGUFFile, info: TensorInfo, expected: tuple) -> ModelFormatError:
+    return ModelFormatError(
+        f"{gf.path}: tensor {info.name!r} has shape {info.shape} but the metadata implies {expected}; {_FIX}"
+    )

@@ -1,0 +1,189 @@
+"""The Llama forward pass on any backend: device weights, KV cache, and the prefill and decode paths.
+
+The model is stateless about sequences: callers say which KV-cache slot and position each token goes to,
+so one model serves one chat (slot 0) or a batch of requests (one slot each).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .backend import AttentionSpec, KVCacheSpec, RopeTable, Runtime
+from .config import LlamaConfig, LlamaWeights
+from .errors import ContextLengthError, InvalidArgumentError
+from .rope import rope_cos_sin
+from .weights import concat_rows
+
+
+@dataclass
+class DeviceLayer:
+    attn_norm: Any  # (dim,)
+    w_qkv: Any  # (q_dim + 2 kv_dim, dim)
+    wo: Any  # (dim, q_dim)
+    ffn_norm: Any  # (dim,)
+    w_gate_up: Any  # (2 ffn_dim, dim)
+    w_down: Any  # (dim, ffn_dim)
+
+
+class LlamaModel:
+    """A Llama model placed on a runtime. ``prefill`` and ``decode`` return host float32 logits."""
+
+    def __init__(
+        self,
+        config: LlamaConfig,
+        weights: LlamaWeights,
+        runtime: Runtime,
+        *,
+        n_slots: int = 1,
+        max_seq_len: int | None = None,
+        prefill_chunk: int = 256,
+        kv_dtype: str = "float32",
+    ):
+        if n_slots < 1 or prefill_chunk < 1:
+            raise InvalidArgumentError("n_slots and prefill_chunk must be at least 1")
+        self.config = config
+        self.rt = runtime
+        self.n_slots = n_slots
+        self.max_seq_len = min(max_seq_len or config.context_length, config.context_length)
+        self.prefill_chunk = prefill_chunk
+        self.attention = AttentionSpec(config.n_heads, config.n_kv_heads, config.head_dim)
+        self._upload_weights(weights)
+        cos, sin = rope_cos_sin(config, self.max_seq_len)
+        self.rope = RopeTable(runtime.from_numpy(cos), runtime.from_numpy(sin))
+        self.cache_spec = KVCacheSpec(
+            config.n_layers, n_slots, self.max_seq_len, config.n_kv_heads, config.head_dim, kv_dtype
+        )
+        self.cache = runtime.new_kv_cache(self.cache_spec)
+        self._allocate_buffers(max(prefill_chunk, n_slots))
+
+    def _upload_weights(self, weights: LlamaWeights) -> None:
+        rt = self.rt
+        self.embedding = rt.prepare_weight(weights.token_embedding)
+        tied = weights.output is weights.token_embedding
+        self.output = self.embedding if tied else rt.prepare_weight(weights.output)
+        self.norm = rt.from_numpy(weights.norm.astype(np.float32))
+        self.layers = [
+            DeviceLayer(
+                attn_norm=rt.from_numpy(layer.attn_norm.astype(np.float32)),
+                w_qkv=rt.prepare_weight(concat_rows([layer.wq, layer.wk, layer.wv])),
+                wo=rt.prepare_weight(layer.wo),
+                ffn_norm=rt.from_numpy(layer.ffn_norm.astype(np.float32)),
+                w_gate_up=rt.prepare_weight(concat_rows([layer.w_gate, layer.w_up])),
+                w_down=rt.prepare_weight(layer.w_down),
+            )
+            for layer in weights.layers
+        ]
+
+    def _allocate_buffers(self, max_tokens: int) -> None:
+        c, rt = self.config, self.rt
+        self.max_tokens = max_tokens
+        self._buffers = {
+            "x": rt.empty((max_tokens, c.dim)),  # residual stream
+            "h": rt.empty((max_tokens, c.dim)),  # normed input of the next matmul
+            "qkv": rt.empty((max_tokens, self.attention.qkv_dim)),
+            "attn": rt.empty((max_tokens, c.q_dim)),
+            "delta": rt.empty((max_tokens, c.dim)),  # output of a block, added to the residual
+            "ffn": rt.empty((max_tokens, c.ffn_dim)),
+            "logits": rt.empty((max(self.n_slots, 1), c.vocab_size)),
+        }
+
+    def _rows(self, name: str, start: int, n: int) -> Any:
+        buf = self._buffers[name]
+        cols = buf.shape[1]
+        return self.rt.view(buf, start * cols, (n, cols))
+
+    # -- forward ---------------------------------------------------------------------------------------
+    def _forward(self, ids: np.ndarray, attend: Callable[[Any, int, Any], None]) -> Any:
+        """Run every block on ``ids``; returns the final-normed hidden rows (n, dim) on the device."""
+        ops, eps, n = self.rt.ops, self.config.norm_eps, len(ids)
+        x, h, qkv = self._rows("x", 0, n), self._rows("h", 0, n), self._rows("qkv", 0, n)
+        attn, delta, ffn = self._rows("attn", 0, n), self._rows("delta", 0, n), self._rows("ffn", 0, n)
+        ops.embedding(self.embedding, ids, x)
+        for i, layer in enumerate(self.layers):
+            if i == 0:
+                ops.rmsnorm(x, layer.attn_norm, eps, h)
+            else:
+                ops.add_rmsnorm(delta, x, layer.attn_norm, eps, h)
+            ops.qkv_proj(h, layer.w_qkv, qkv)
+            attend(qkv, i, attn)
+            ops.linear(attn, layer.wo, delta)
+            ops.add_rmsnorm(delta, x, layer.ffn_norm, eps, h)
+            ops.gate_up_silu(h, layer.w_gate_up, ffn)
+            ops.linear(ffn, layer.w_down, delta)
+        ops.add_rmsnorm(delta, x, self.norm, eps, h)
+        return h
+
+    def _logits(self, hidden_rows: Any, n: int) -> np.ndarray:
+        out = self._rows("logits", 0, n)
+        self.rt.ops.logits(hidden_rows, self.output, out)
+        return self.rt.to_numpy(out)
+
+    def prefill(self, tokens: Sequence[int], slot: int = 0, start: int = 0, all_logits: bool = False) -> np.ndarray:
+        """Process a prompt (chunked) into ``slot`` from position ``start``.
+
+        Returns logits (vocab,) of the last token, or (len(tokens), vocab) when ``all_logits``.
+        """
+        ids = self._check_ids(tokens)
+        self._check_slot(slot)
+        if len(ids) == 0:
+            raise InvalidArgumentError("prefill needs at least one token")
+        if start < 0 or start + len(ids) > self.max_seq_len:
+            raise ContextLengthError(start + len(ids), 0, self.max_seq_len)
+        ops, rows = self.rt.ops, []
+        for offset in range(0, len(ids), self.prefill_chunk):
+            chunk = ids[offset : offset + self.prefill_chunk]
+            pos = start + offset
+
+            def attend(qkv: Any, layer: int, out: Any, pos: int = pos) -> None:
+                ops.attention_prefill(qkv, self.cache, layer, slot, pos, self.rope, self.attention, out)
+
+            h = self._forward(chunk, attend)
+            if all_logits:
+                rows.append(self._all_logits(h, len(chunk)))
+        if all_logits:
+            return np.concatenate(rows)
+        return self._logits(self._rows("h", len(chunk) - 1, 1), 1)[0]
+
+    def _all_logits(self, h: Any, n: int) -> np.ndarray:
+        out = self.rt.scratch("all_logits", (n, self.config.vocab_size))
+        self.rt.ops.logits(h, self.output, out)
+        return self.rt.to_numpy(out)
+
+    def decode(self, tokens: Sequence[int], slots: Sequence[int], positions: Sequence[int]) -> np.ndarray:
+        """One new token per sequence: token b goes to ``slots[b]`` at ``positions[b]``. Returns (B, vocab)."""
+        ids = self._check_ids(tokens)
+        slots_arr = np.asarray(slots, dtype=np.int32)
+        pos_arr = np.asarray(positions, dtype=np.int32)
+        if not (len(ids) == len(slots_arr) == len(pos_arr)) or not 1 <= len(ids) <= self.n_slots:
+            raise InvalidArgumentError(
+                f"decode wants 1..{self.n_slots} tokens with one slot and position each; "
+                f"got {len(ids)} tokens, {len(slots_arr)} slots, {len(pos_arr)} positions"
+            )
+        if len(set(slots_arr.tolist())) != len(slots_arr):
+            raise InvalidArgumentError("decode got the same slot twice in one batch")
+        for slot in slots_arr.tolist():
+            self._check_slot(slot)
+        if pos_arr.min() < 0 or pos_arr.max() >= self.max_seq_len:
+            raise ContextLengthError(int(pos_arr.max()) + 1, 0, self.max_seq_len)
+        ops = self.rt.ops
+
+        def attend(qkv: Any, layer: int, out: Any) -> None:
+            ops.attention_decode(qkv, self.cache, layer, slots_arr, pos_arr, self.rope, self.attention, out)
+
+        h = self._forward(ids, attend)
+        return self._logits(h, len(ids))
+
+    def _check_ids(self, tokens: Sequence[int]) -> np.ndarray:
+        ids = np.asarray(tokens, dtype=np.int64)
+        if ids.ndim != 1:
+            raise InvalidArgumentError("token ids must be a flat sequence of integers")
+        if len(ids) and (ids.min() < 0 or ids.max() >= self.config.vocab_size):
+            raise InvalidArgumentError(f"token ids must be in [0, {self.config.vocab_size}); got {ids.min()}..{ids.max()}")
+        return ids.astype(np.int32)
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.n_slots:
+            raise InvalidArgumentError(f"slot {slot} is outside 0..{self.n_slots - 1}")

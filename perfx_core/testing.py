@@ -1,0 +1,39 @@
+"""Pytest helpers for backend and plugin authors: run the conformance kit inside your own test suite.
+
+    from perfx_core.testing import assert_backend_conforms
+
+    def test_my_backend_conforms():
+        assert_backend_conforms("mybackend")
+
+or one test per op:
+
+    @pytest.mark.parametrize("backend, op", backend_conformance_cases("mybackend"))
+    def test_op_conforms(backend, op):
+        assert_backend_conforms(backend, ops=[op])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .conformance import ConformanceReport, check_backend
+from .ops import OP_NAMES
+
+
+def assert_backend_conforms(
+    name: str, device: int | str | None = None, ops: list[str] | None = None, seed: int = 0
+) -> ConformanceReport:
+    """Run check_backend on the current registry and fail the test with the formatted report if a case fails."""
+    import pytest  # imported here so that importing perfx_core.testing outside pytest costs nothing
+
+    report = check_backend(name, device, ops=ops, seed=seed)
+    if not report.passed:
+        pytest.fail(report.format(), pytrace=False)
+    return report
+
+
+def backend_conformance_cases(name: str, ops: list[str] | None = None) -> list[Any]:
+    """``pytest.param(name, op)`` per op, with readable ids: ``pytest.mark.parametrize("backend, op", cases)``."""
+    import pytest
+
+    return [pytest.param(name, op, id=f"{name}-{op}") for op in (ops or OP_NAMES)]

@@ -1,0 +1,275 @@
+"""load_llama_gguf: lossless conversion of every exact tensor type, K-quant re-quantization, the q/k row
+un-permutation, tied/separate output, rope scaling, and SmolLM2 (a real Q4_1 checkpoint) end to end."""
+
+from __future__ import annotations
+
+import time
+import tracemalloc
+import warnings
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from tiny_gguf import TENSOR_TYPES, find_smollm2_gguf, permute_hf_to_gguf, write_tiny_llama_gguf
+
+from perfx_core.config import LlamaWeights, RopeScaling
+from perfx_core.errors import ModelFormatError
+from perfx_core.gguf_file import read_gguf
+from perfx_core.gguf_loader import (
+    check_tokenizer_metadata,
+    hf_row_order,
+    llama3_rope_divisors,
+    load_llama_gguf,
+    read_llama_config,
+)
+from perfx_core.weights import DenseWeight, Int4Weight, dequantize
+
+LOSSLESS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+LAYER_TENSORS = {
+    "attn_norm": "attn_norm",
+    "attn_q": "wq",
+    "attn_k": "wk",
+    "attn_v": "wv",
+    "attn_output": "wo",
+    "ffn_norm": "ffn_norm",
+    "ffn_gate": "w_gate",
+    "ffn_up": "w_up",
+    "ffn_down": "w_down",
+}
+
+
+def loaded_tensors(weights: LlamaWeights) -> dict[str, np.ndarray | object]:
+    """Loaded weights keyed by GGUF tensor name."""
+    out: dict[str, object] = {"token_embd.weight": weights.token_embedding, "output_norm.weight": weights.norm}
+    for i, layer in enumerate(weights.layers):
+        for gguf_name, field in LAYER_TENSORS.items():
+            out[f"blk.{i}.{gguf_name}.weight"] = getattr(layer, field)
+    if weights.output is not weights.token_embedding:
+        out["output.weight"] = weights.output
+    return out
+
+
+def as_floats(w: object) -> np.ndarray:
+    return w if isinstance(w, np.ndarray) else dequantize(w)  # type: ignore[arg-type]
+
+
+def tiny_kwargs(tensor_type: str) -> dict:
+    return {"dim": 256, "ffn_dim": 512} if tensor_type == "Q4_K" else {}
+
+
+# -- the q/k permutation ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n_heads,head_dim", [(1, 4), (4, 16), (9, 64), (3, 128)])
+def test_hf_row_order_inverts_llama_cpp_permutation(n_heads: int, head_dim: int):
+    rows = n_heads * head_dim
+    w = np.random.default_rng(0).standard_normal((rows, 8)).astype(np.float32)
+    order = hf_row_order(n_heads, head_dim)
+    np.testing.assert_array_equal(permute_hf_to_gguf(w, n_heads)[order], w)  # round trip
+    np.testing.assert_array_equal(order, np.argsort(permute_hf_to_gguf(np.arange(rows), n_heads)))
+    # Spelled out for the first head: GGUF rows 0, 1, 2, 3 hold HF rows 0, hd/2, 1, hd/2 + 1 (interleaved halves).
+    half = head_dim // 2
+    assert list(permute_hf_to_gguf(np.arange(rows), n_heads)[:4]) == [0, half, 1, half + 1]
+
+
+# -- tiny models of every tensor type -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tensor_type", LOSSLESS)
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "separate"])
+def test_lossless_types_load_exactly(tmp_path: Path, tensor_type: str, tied: bool):
+    model = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type=tensor_type, tied=tied, seed=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # lossless types must not warn
+        config, weights, gf = load_llama_gguf(model.path)
+    assert weights.notes == []
+
+    assert (config.n_layers, config.dim, config.n_heads, config.n_kv_heads) == (2, 64, 4, 2)
+    assert (config.head_dim, config.ffn_dim, config.vocab_size) == (16, 128, model.vocab)
+    assert config.rope_theta == 10000.0 and config.norm_eps == pytest.approx(1e-5)
+    assert config.context_length == 256 and config.rope_scaling is None and config.name == "tiny-llama"
+    assert config.tied_embeddings is tied
+    assert (weights.output is weights.token_embedding) is tied
+
+    got = loaded_tensors(weights)
+    assert set(got) == set(model.expected)
+    for name, want in model.expected.items():
+        np.testing.assert_array_equal(as_floats(got[name]), want, err_msg=name)
+
+    w = weights.layers[0].wq
+    if tensor_type in ("Q4_0", "Q4_1"):
+        assert isinstance(w, Int4Weight) and w.group_size == 32
+    else:
+        assert isinstance(w, DenseWeight)
+        assert w.data.dtype == (np.float16 if tensor_type == "F16" else np.float32)
+    assert all(isinstance(v, np.ndarray) and v.dtype == np.float32 for v in (weights.norm, weights.layers[1].ffn_norm))
+
+
+@pytest.mark.parametrize("tensor_type", LOSSLESS)
+def test_matches_gguf_dequantize_of_stored_bytes(tmp_path: Path, tensor_type: str):
+    """Independent of the writer's bookkeeping: compare with gguf.quants.dequantize of the file's own bytes."""
+    model = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type=tensor_type, tied=False, seed=1)
+    config, weights, gf = load_llama_gguf(model.path)
+    for name, loaded in loaded_tensors(weights).items():
+        info = gf.tensors[name]
+        raw = np.asarray(gf.tensor_data(name))
+        ref = gguf.quants.dequantize(raw.view(np.uint8) if info.ggml_type.name == "BF16" else raw, info.ggml_type)
+        ref = ref.reshape(info.shape)
+        if ".attn_q." in name or ".attn_k." in name:
+            heads = config.n_heads if ".attn_q." in name else config.n_kv_heads
+            ref = ref[np.argsort(permute_hf_to_gguf(np.arange(ref.shape[0]), heads))]
+        np.testing.assert_array_equal(as_floats(loaded), ref, err_msg=name)
+
+
+def test_q4_k_is_requantized_with_a_warning(tmp_path: Path):
+    model = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type="Q4_K", tied=False, **tiny_kwargs("Q4_K"))
+    with pytest.warns(UserWarning, match="Q4_K tensors were dequantized and re-quantized to int4") as record:
+        config, weights, _ = load_llama_gguf(model.path)
+    assert len([r for r in record if "Q4_K" in str(r.message)]) == 1  # once per type, not per tensor
+    assert len(weights.notes) == 1 and "Q4_K" in weights.notes[0] and "group 128" in weights.notes[0]
+    got = loaded_tensors(weights)
+    for name, want in model.expected.items():
+        w = got[name]
+        if want.ndim == 1:
+            np.testing.assert_array_equal(w, want)
+            continue
+        assert isinstance(w, Int4Weight) and w.group_size == 128, name
+        # Round-to-nearest int4 with group 128: error within about one quantization step of each group.
+        groups = want.reshape(want.shape[0], -1, 128)
+        step = (np.maximum(groups.max(-1), 0) - np.minimum(groups.min(-1), 0)) / 15
+        err = np.abs(dequantize(w) - want).reshape(groups.shape).max(-1)
+        assert (err <= step * 1.01 + 1e-6).all(), name
+        assert np.abs(dequantize(w) - want).mean() < 0.3 * step.mean(), name
+
+
+def test_q4_k_unpermutes_q_and_k(tmp_path: Path):
+    """A wrong row order would give errors of the weights' size, far beyond one quantization step."""
+    model = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type="Q4_K", **tiny_kwargs("Q4_K"))
+    with pytest.warns(UserWarning):
+        _, weights, _ = load_llama_gguf(model.path)
+    for name, w in (("blk.0.attn_q.weight", weights.layers[0].wq), ("blk.1.attn_k.weight", weights.layers[1].wk)):
+        want = model.expected[name]
+        assert np.corrcoef(dequantize(w).ravel(), want.ravel())[0, 1] > 0.99
+
+
+def test_unpermuted_rows_differ_from_file_order(tmp_path: Path):
+    """Guards the test above against a no-op: the stored q rows really are in a different order."""
+    model = write_tiny_llama_gguf(tmp_path / "m.gguf")
+    stored = np.asarray(read_gguf(model.path).tensor_data("blk.0.attn_q.weight"))
+    assert not np.array_equal(stored, model.expected["blk.0.attn_q.weight"])
+
+
+def test_accepts_parsed_file_and_rejects_metadata_only(tmp_path: Path):
+    model = write_tiny_llama_gguf(tmp_path / "m.gguf")
+    gf = read_gguf(model.path)
+    config, _, same = load_llama_gguf(gf)
+    assert same is gf and config == read_llama_config(gf)
+    with pytest.raises(ModelFormatError, match="tensors=False"):
+        load_llama_gguf(read_gguf(model.path, tensors=False))
+
+
+def test_tokenizer_metadata_of_tiny_model(tmp_path: Path):
+    model = write_tiny_llama_gguf(tmp_path / "m.gguf")
+    meta = read_gguf(model.path, tensors=False).metadata
+    check_tokenizer_metadata(meta)
+    assert meta["tokenizer.ggml.tokens"] == model.tokens and meta["tokenizer.ggml.merges"] == model.merges
+    assert meta["tokenizer.ggml.model"] == "gpt2" and meta["tokenizer.ggml.eos_token_id"] == 2
+
+
+@pytest.mark.parametrize("tensor_type", ["F32", "F16", "BF16", "Q8_0"])
+def test_load_memory_is_bounded(tmp_path: Path, tensor_type: str):
+    """Peak memory stays near what is returned: conversions go chunk by chunk, not via full-size temporaries."""
+    model = write_tiny_llama_gguf(
+        tmp_path / "m.gguf", tensor_type=tensor_type, dim=256, n_heads=4, vocab=8192, n_layers=1
+    )
+    tracemalloc.start()
+    try:
+        _, weights, _ = load_llama_gguf(model.path)
+        current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    largest = weights.token_embedding.nbytes  # 4 or 8 MiB
+    assert peak - current < largest, f"peak {peak >> 20} MiB, returned {current >> 20} MiB"
+
+
+# -- rope scaling -------------------------------------------------------------------------------------------
+
+LLAMA3_KEYS = {
+    "llama.rope.scaling.type": "llama3",
+    "llama.rope.scaling.factor": 8.0,
+    "llama.rope.scaling.original_context_length": 64,
+}
+
+
+def test_llama3_rope_scaling_keys(tmp_path: Path):
+    keys = {**LLAMA3_KEYS, "llama.rope.scaling.high_freq_factor": 2.0}
+    config, weights, _ = load_llama_gguf(write_tiny_llama_gguf(tmp_path / "m.gguf", overrides=keys).path)
+    assert config.rope_scaling == RopeScaling(
+        factor=8.0, low_freq_factor=1.0, high_freq_factor=2.0, original_context_length=64
+    )
+    assert weights.notes == []
+
+
+def test_rope_freqs_with_matching_keys(tmp_path: Path):
+    path = write_tiny_llama_gguf(tmp_path / "m.gguf", overrides=LLAMA3_KEYS, rope_freqs=(8.0, 1.0, 4.0, 64)).path
+    config, weights, gf = load_llama_gguf(path)
+    assert config.rope_scaling == RopeScaling(8.0, 1.0, 4.0, 64)
+    assert any("rope_freqs.weight" in n for n in weights.notes)
+    stored = np.asarray(gf.tensor_data("rope_freqs.weight"))
+    assert len(set(stored.round(4))) > 2  # the tiny setup exercises the smooth middle band, not only 1 and 8
+    np.testing.assert_allclose(llama3_rope_divisors(config.rope_scaling, 16, 10000.0), stored, rtol=1e-6)
+
+
+def test_rope_freqs_disagreeing_with_keys(tmp_path: Path):
+    path = write_tiny_llama_gguf(tmp_path / "m.gguf", overrides=LLAMA3_KEYS, rope_freqs=(4.0, 1.0, 4.0, 64)).path
+    with pytest.raises(ModelFormatError, match="rope_freqs.weight disagrees"):
+        load_llama_gguf(path)
+
+
+# -- SmolLM2 ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2_loaded():
+    path = find_smollm2_gguf()
+    start = time.perf_counter()
+    loaded = load_llama_gguf(path)
+    return loaded, time.perf_counter() - start
+
+
+def test_smollm2_config(smollm2_loaded):
+    (config, weights, gf), seconds = smollm2_loaded
+    assert (config.n_layers, config.dim, config.n_heads, config.n_kv_heads) == (30, 576, 9, 3)
+    assert (config.head_dim, config.ffn_dim, config.vocab_size) == (64, 1536, 49152)
+    assert config.rope_theta == 100000.0 and config.context_length == 8192 and config.rope_scaling is None
+    assert config.tied_embeddings and weights.output is weights.token_embedding
+    assert len(weights.layers) == 30 and weights.notes == []
+    assert seconds < 10
+
+
+def test_smollm2_tensors_exact(smollm2_loaded):
+    (config, weights, gf), _ = smollm2_loaded
+
+    def reference(name: str, n_heads: int = 0) -> np.ndarray:
+        info = gf.tensors[name]
+        ref = gguf.quants.dequantize(np.asarray(gf.tensor_data(name)), info.ggml_type).reshape(info.shape)
+        return ref[np.argsort(permute_hf_to_gguf(np.arange(ref.shape[0]), n_heads))] if n_heads else ref
+
+    layer = weights.layers[7]
+    assert isinstance(layer.wq, Int4Weight) and layer.wq.group_size == 32
+    np.testing.assert_array_equal(dequantize(layer.wq), reference("blk.7.attn_q.weight", config.n_heads))
+    np.testing.assert_array_equal(dequantize(layer.wk), reference("blk.7.attn_k.weight", config.n_kv_heads))
+    np.testing.assert_array_equal(dequantize(layer.w_down), reference("blk.7.ffn_down.weight"))
+    np.testing.assert_array_equal(layer.attn_norm, reference("blk.7.attn_norm.weight"))
+    assert isinstance(weights.token_embedding, DenseWeight) and weights.token_embedding.data.dtype == np.float32
+    np.testing.assert_array_equal(weights.token_embedding.data[:4096], reference("token_embd.weight")[:4096])
+
+
+def test_smollm2_tokenizer_metadata(smollm2_loaded):
+    (_, _, gf), _ = smollm2_loaded
+    check_tokenizer_metadata(gf.metadata)
+
+
+def test_all_tensor_types_covered():
+    assert set(LOSSLESS) | {"Q4_K"} == set(TENSOR_TYPES)

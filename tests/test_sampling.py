@@ -1,0 +1,70 @@
+"""Sampler behaviour on controlled logits (exact expectations that a wrong filter would break)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from perfx_core import InvalidArgumentError
+from perfx_core.sampling import Sampler, SamplingParams, apply_repetition_penalty
+
+LOGITS = np.log(np.array([0.5, 0.3, 0.15, 0.05], dtype=np.float32))
+
+
+def draws(params: SamplingParams, n: int = 4000, logits=LOGITS, history=()):
+    sampler = Sampler(params)
+    return np.bincount([sampler(logits, history) for _ in range(n)], minlength=len(logits)) / n
+
+
+def test_greedy_is_argmax():
+    assert Sampler(SamplingParams(temperature=0))(np.array([0.1, 3.0, 2.9])) == 1
+
+
+def test_plain_sampling_follows_the_distribution():
+    freq = draws(SamplingParams(temperature=1, top_k=0, top_p=1, min_p=0, seed=0))
+    np.testing.assert_allclose(freq, [0.5, 0.3, 0.15, 0.05], atol=0.03)
+
+
+def test_top_k_keeps_k_best():
+    freq = draws(SamplingParams(temperature=1, top_k=2, top_p=1, min_p=0, seed=1))
+    assert freq[2] == freq[3] == 0
+    np.testing.assert_allclose(freq[:2], [0.5 / 0.8, 0.3 / 0.8], atol=0.03)
+
+
+def test_top_p_keeps_smallest_prefix_reaching_p():
+    freq = draws(SamplingParams(temperature=1, top_k=0, top_p=0.8, min_p=0, seed=2))
+    assert freq[2] == freq[3] == 0  # 0.5 + 0.3 reaches 0.8
+    freq = draws(SamplingParams(temperature=1, top_k=0, top_p=0.81, min_p=0, seed=2))
+    assert freq[2] > 0 and freq[3] == 0
+
+
+def test_min_p_drops_tokens_below_fraction_of_best():
+    freq = draws(SamplingParams(temperature=1, top_k=0, top_p=1, min_p=0.2, seed=3))
+    assert freq[3] == 0 and freq[2] > 0  # 0.05 < 0.2 * 0.5 <= 0.15
+
+
+def test_temperature_sharpens():
+    cold = draws(SamplingParams(temperature=0.3, top_k=0, top_p=1, min_p=0, seed=4))
+    assert cold[0] > 0.8
+
+
+def test_seed_repeats():
+    p = SamplingParams(temperature=1, top_k=0, top_p=1, min_p=0, seed=9)
+    a, b = Sampler(p), Sampler(p)
+    assert [a(LOGITS) for _ in range(50)] == [b(LOGITS) for _ in range(50)]
+
+
+def test_repetition_penalty():
+    logits = np.array([2.0, -1.0, 1.0], dtype=np.float32)
+    out = apply_repetition_penalty(logits, [0, 1, 1], 2.0)
+    np.testing.assert_array_equal(out, [1.0, -2.0, 1.0])
+    assert Sampler(SamplingParams(temperature=0, repetition_penalty=3.0))(logits, [0]) == 2
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"temperature": float("nan")}, {"top_k": 1.5}, {"top_p": -0.1}, {"min_p": -0.1}, {"repetition_penalty": -1}],
+)
+def test_invalid_params(kwargs):
+    with pytest.raises(InvalidArgumentError):
+        SamplingParams(**kwargs)
