@@ -44,6 +44,10 @@ class GenerationStats:
         return asdict(self)
 
 
+CONTEXT_TOKENS = 4
+CHECKPOINT_EVERY = 32
+
+
 class StreamingText:
     """Turns a growing list of token ids into text deltas, holding back an unfinished UTF-8 character
     and any tail that could be the start of a stop string."""
@@ -52,12 +56,14 @@ class StreamingText:
         self.tokenizer = tokenizer
         self.stop = [s for s in stop if s]
         self.ids: list[int] = []
+        self._checkpoint = 0  # decode(ids[:_checkpoint]) == _checkpoint_text
+        self._checkpoint_text = ""
         self.emitted = ""
         self.stopped = False
 
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
-        text = self.tokenizer.decode(self.ids)
+        text = self._decoded_text()
         if text.endswith("\ufffd"):
             return ""  # a multi-byte character is split across tokens: wait for the rest
         for s in self.stop:
@@ -66,6 +72,22 @@ class StreamingText:
                 self.stopped = True
                 return self._emit(text[:cut])
         return self._emit(text[: len(text) - self._pending_stop_prefix(text)])
+
+    def _decoded_text(self) -> str:
+        """decode(self.ids), re-decoding only the tokens after the last checkpoint (linear, not quadratic).
+
+        A few tokens before the checkpoint are decoded with the tail and their text stripped again, since a
+        token's text can depend on its left neighbour (SentencePiece's leading space).
+        """
+        start = max(0, self._checkpoint - CONTEXT_TOKENS)
+        head = self.tokenizer.decode(self.ids[start : self._checkpoint])
+        tail = self.tokenizer.decode(self.ids[start:])
+        if not tail.startswith(head):
+            return self.tokenizer.decode(self.ids)
+        text = self._checkpoint_text + tail[len(head) :]
+        if len(self.ids) - self._checkpoint >= CHECKPOINT_EVERY and not text.endswith("\ufffd"):
+            self._checkpoint, self._checkpoint_text = len(self.ids), text
+        return text
 
     def _pending_stop_prefix(self, text: str) -> int:
         """Length of the longest tail of ``text`` that is a proper prefix of a stop string."""
@@ -86,7 +108,7 @@ class StreamingText:
         """At the end, release held-back text that turned out not to be a stop string."""
         if self.stopped:
             return ""
-        return self._emit(self.tokenizer.decode(self.ids))
+        return self._emit(self._decoded_text())
 
 
 class Generation:
