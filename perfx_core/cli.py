@@ -60,6 +60,7 @@ def _stream(generation, quiet: bool) -> None:
         sys.stdout.write(event.text)
         sys.stdout.flush()
     sys.stdout.write("\n")
+    sys.stdout.flush()
     s = generation.stats
     if not quiet:
         print(

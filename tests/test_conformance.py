@@ -13,7 +13,7 @@ from perfx_core import reference
 from perfx_core.conformance import NORM_LIMIT, check_backend
 from perfx_core.errors import InvalidArgumentError
 from perfx_core.hookspecs import hookimpl
-from perfx_core.ops import OP_NAMES
+from perfx_core.ops import OP_NAMES, PRIMITIVE_OPS
 from perfx_core.plugins import Registry, get_registry, make_plugin_manager, register_plugin, unregister_plugin
 from perfx_core.weights import dequantize, quantize_rtn
 
@@ -108,7 +108,7 @@ class BrokenPlugin:
 
     @hookimpl
     def perfx_register_ops(self, register):
-        for op in numpy_ops.OPS:
+        for op in PRIMITIVE_OPS:
             register("broken", op, FAULTS.get(op, getattr(numpy_ops, op)))
 
 

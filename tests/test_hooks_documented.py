@@ -13,6 +13,7 @@ from perfx_numpy.runtime import NumpyBackend
 
 from perfx_core import hookspecs
 from perfx_core.errors import PluginError
+from perfx_core.ops import PRIMITIVE_OPS
 from perfx_core.hookspecs import hookimpl
 from perfx_core.plugins import Registry, get_registry, make_plugin_manager, register_plugin, unregister_plugin
 
@@ -74,7 +75,7 @@ class TinyBackendPlugin:
 
     @hookimpl
     def perfx_register_ops(self, register):
-        for op in numpy_ops.OPS:
+        for op in PRIMITIVE_OPS:
             register("tiny", op, getattr(numpy_ops, op))
 
 

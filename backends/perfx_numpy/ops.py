@@ -6,18 +6,6 @@ import numpy as np
 
 from perfx_core.weights import Int4Weight, unpack_int4
 
-OPS = (
-    "embedding",
-    "int4_gemv",
-    "int4_gemm",
-    "dense_gemm",
-    "rmsnorm",
-    "add_rmsnorm",
-    "silu_mul",
-    "attention_decode",
-    "attention_prefill",
-)
-
 
 def embedding(rt, table, ids, out):
     weight = table.weight

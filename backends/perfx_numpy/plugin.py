@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from perfx_core.hookspecs import hookimpl
+from perfx_core.ops import PRIMITIVE_OPS
 
 from . import ops
 from .runtime import NumpyBackend
@@ -15,5 +16,5 @@ def perfx_register_backends(register):
 
 @hookimpl(trylast=True)
 def perfx_register_ops(register):
-    for name in ops.OPS:
+    for name in PRIMITIVE_OPS:  # the NumPy backend implements every primitive op
         register("numpy", name, getattr(ops, name), priority=0)
