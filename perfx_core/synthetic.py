@@ -1,0 +1,59 @@
+"""Random-weight Llama models of real shapes, for benchmarks (timing does not depend on weight values).
+
+Built directly in perfx's int4 format (random codes, plausible scales), so a Llama-2-7B-shaped model
+is made in seconds on the benchmark machine itself instead of being shipped there.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .config import LayerWeights, LlamaConfig, LlamaWeights
+from .weights import Int4Weight
+
+LLAMA2_7B = LlamaConfig(
+    vocab_size=32000,
+    dim=4096,
+    n_layers=32,
+    n_heads=32,
+    n_kv_heads=32,
+    head_dim=128,
+    ffn_dim=11008,
+    norm_eps=1e-5,
+    rope_theta=10000.0,
+    context_length=4096,
+    name="llama-2-7b-shape (random int4 weights)",
+)
+
+
+def random_int4(rows: int, cols: int, group_size: int, rng: np.random.Generator) -> Int4Weight:
+    """Uniform random codes with scales near 0.01 and a symmetric zero point (w = (q - 8) * scale)."""
+    packed = np.frombuffer(rng.bytes(rows * cols // 2), dtype=np.uint8).reshape(rows, cols // 2).copy()
+    scale = (0.005 + 0.01 * rng.random((rows, cols // group_size), dtype=np.float32)).astype(np.float16)
+    return Int4Weight(packed, scale, -8.0 * scale.astype(np.float32), group_size)
+
+
+def random_llama_weights(config: LlamaConfig, group_size: int = 128, seed: int = 0) -> LlamaWeights:
+    rng = np.random.default_rng(seed)
+    d, f = config.dim, config.ffn_dim
+
+    def norm() -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(d)).astype(np.float32)
+
+    layers = [
+        LayerWeights(
+            attn_norm=norm(),
+            wq=random_int4(config.q_dim, d, group_size, rng),
+            wk=random_int4(config.kv_dim, d, group_size, rng),
+            wv=random_int4(config.kv_dim, d, group_size, rng),
+            wo=random_int4(d, config.q_dim, group_size, rng),
+            ffn_norm=norm(),
+            w_gate=random_int4(f, d, group_size, rng),
+            w_up=random_int4(f, d, group_size, rng),
+            w_down=random_int4(d, f, group_size, rng),
+        )
+        for _ in range(config.n_layers)
+    ]
+    embedding = random_int4(config.vocab_size, d, group_size, rng)
+    output = embedding if config.tied_embeddings else random_int4(config.vocab_size, d, group_size, rng)
+    return LlamaWeights(embedding, layers, norm(), output)
