@@ -32,6 +32,9 @@ class LlamaConfig:
     rope_theta: float
     context_length: int  # what the model was trained for
     rope_scaling: RopeScaling | None = None
+    # Per-frequency divisors of the rotation speeds (llama.cpp's rope_freqs.weight), when a file gives them
+    # instead of scaling parameters; (head_dim // 2) values. Takes precedence over rope_scaling.
+    rope_freq_divisors: tuple[float, ...] | None = None
     tied_embeddings: bool = False
     name: str = ""
 

@@ -65,7 +65,9 @@ def load_llama_gguf(source: str | os.PathLike[str] | GGUFFile) -> tuple[LlamaCon
     weights = LlamaWeights(embedding, layers, loader.vector("output_norm.weight", dim), output)
     if "rope_freqs.weight" in gf.tensors:
         weights.notes.append(
-            "rope_freqs.weight is present; it matches the Llama-3 rope scaling given by the metadata keys, "
+            "RoPE speeds divided by rope_freqs.weight"
+            if config.rope_freq_divisors
+            else "rope_freqs.weight is present; it matches the Llama-3 rope scaling given by the metadata keys, "
             "which perfx uses"
         )
     weights.notes.extend(loader.requantize_notes())
@@ -149,6 +151,7 @@ def read_llama_config(gf: GGUFFile) -> LlamaConfig:
         raise _bad_meta(gf, f"{key(Keys.LLM.VOCAB_SIZE)} is {declared_vocab}; token_embd.weight has {vocab_size} rows")
 
     name = meta.get(Keys.General.NAME, "")
+    scaling = _rope_scaling(gf, arch, head_dim, rope_theta)
     return LlamaConfig(
         vocab_size=vocab_size,
         dim=dim,
@@ -160,7 +163,8 @@ def read_llama_config(gf: GGUFFile) -> LlamaConfig:
         norm_eps=norm_eps,
         rope_theta=rope_theta,
         context_length=context_length,
-        rope_scaling=_rope_scaling(gf, arch, head_dim, rope_theta),
+        rope_scaling=scaling,
+        rope_freq_divisors=_rope_freq_divisors(gf, head_dim) if scaling is None else None,
         tied_embeddings="output.weight" not in gf.tensors,
         name=name if isinstance(name, str) else "",
     )
@@ -180,13 +184,7 @@ def _rope_scaling(gf: GGUFFile, arch: str, head_dim: int, rope_theta: float) -> 
                 f"{gf.path} uses linear RoPE scaling (factor {linear!r}), which perfx does not support; "
                 "use a model without RoPE scaling or with Llama-3 scaling"
             )
-        if has_freqs:
-            raise ModelFormatError(
-                f"{gf.path} gives its Llama-3 RoPE scaling only as a 'rope_freqs.weight' tensor (llama.cpp's form), "
-                f"without the {arch}.rope.scaling.* keys; perfx does not support that form yet. "
-                "Use a GGUF that has the rope scaling keys, or the Hugging Face checkpoint"
-            )
-        return None
+        return None  # a bare rope_freqs.weight (llama.cpp's Llama-3.1 form) is read by _rope_freq_divisors
     if kind == "none":
         if has_freqs:
             raise _bad_meta(gf, "rope.scaling.type is 'none' but there is a rope_freqs.weight tensor")
@@ -207,6 +205,19 @@ def _rope_scaling(gf: GGUFFile, arch: str, head_dim: int, rope_theta: float) -> 
     if has_freqs:
         _check_rope_freqs(gf, scaling, head_dim, rope_theta)
     return scaling
+
+
+def _rope_freq_divisors(gf: GGUFFile, head_dim: int) -> tuple[float, ...] | None:
+    """rope_freqs.weight given without scaling keys: llama.cpp divides each rotation speed by its value."""
+    info = gf.tensors.get("rope_freqs.weight")
+    if info is None:
+        return None
+    if info.shape != (head_dim // 2,) or info.ggml_type not in _FLOAT_TYPES:
+        raise _bad_shape(gf, info, (head_dim // 2,))
+    divisors = _floats(gf, info)
+    if not np.all(np.isfinite(divisors)) or np.any(divisors <= 0):
+        raise _bad_meta(gf, "rope_freqs.weight holds values that are not positive finite numbers")
+    return tuple(float(d) for d in divisors)
 
 
 def llama3_rope_divisors(scaling: RopeScaling, head_dim: int, rope_theta: float) -> np.ndarray:

@@ -7,9 +7,13 @@ import numpy as np
 from .config import LlamaConfig, RopeScaling
 
 
-def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> np.ndarray:
-    """float64 (head_dim // 2,) rotation speeds; Llama-3 scaling slows the low frequencies."""
+def inverse_frequencies(
+    head_dim: int, theta: float, scaling: RopeScaling | None = None, divisors: tuple[float, ...] | None = None
+) -> np.ndarray:
+    """float64 (head_dim // 2,) rotation speeds; Llama-3 scaling (or explicit divisors) slows the low ones."""
     inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    if divisors is not None:
+        return inv_freq / np.asarray(divisors, dtype=np.float64)
     if scaling is None:
         return inv_freq
     wavelength = 2 * np.pi / inv_freq
@@ -27,6 +31,6 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None
 
 def rope_cos_sin(config: LlamaConfig, max_seq_len: int) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin tables, float32 (max_seq_len, head_dim // 2)."""
-    inv_freq = inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
+    inv_freq = inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling, config.rope_freq_divisors)
     angles = np.arange(max_seq_len, dtype=np.float64)[:, None] * inv_freq[None, :]
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)

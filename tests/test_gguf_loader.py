@@ -227,6 +227,19 @@ def test_rope_freqs_disagreeing_with_keys(tmp_path: Path):
         load_llama_gguf(path)
 
 
+def test_rope_freqs_alone_gives_the_same_rotation_as_the_keys(tmp_path: Path):
+    """llama.cpp's Llama-3.1 GGUFs carry only rope_freqs.weight; its divisors must rotate like the keys do."""
+    from perfx_core.rope import rope_cos_sin
+
+    alone, _, _ = load_llama_gguf(write_tiny_llama_gguf(tmp_path / "a.gguf", rope_freqs=(8.0, 1.0, 4.0, 64)).path)
+    keyed, _, _ = load_llama_gguf(write_tiny_llama_gguf(tmp_path / "k.gguf", overrides=LLAMA3_KEYS).path)
+    assert alone.rope_scaling is None and alone.rope_freq_divisors is not None
+    cos_a, sin_a = rope_cos_sin(alone, 256)
+    cos_k, sin_k = rope_cos_sin(keyed, 256)
+    np.testing.assert_allclose(cos_a, cos_k, atol=2e-4)
+    np.testing.assert_allclose(sin_a, sin_k, atol=2e-4)
+
+
 # -- SmolLM2 ------------------------------------------------------------------------------------------------
 
 

@@ -248,7 +248,7 @@ WRITTEN_CASES: dict[str, tuple[dict, str, str]] = {
         "head_count 4 is not a multiple of head_count_kv 3",
         "load",
     ),
-    "rope-freqs-without-keys": ({"rope_freqs": (8.0, 1.0, 4.0, 64)}, "rope_freqs.weight.*not support", "load"),
+    "rope-freqs-not-positive": ({"rope_freqs": (-8.0, 1.0, 4.0, 64)}, "rope_freqs.weight holds values", "load"),
     "linear-rope-scaling": (
         {"overrides": {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 2.0}},
         "RoPE scaling 'linear'",
