@@ -27,7 +27,7 @@ from .ops import GENERIC_OPS, GENERIC_PRIORITY, OP_NAMES, OpTable
 
 ENTRY_POINT_GROUP = "perfx"
 # (plugin name, module) of the built-in plugins, used when their entry points are not installed.
-DEFAULT_PLUGINS = (("numpy", "perfx_numpy.plugin"),)
+DEFAULT_PLUGINS = (("numpy", "perfx_numpy.plugin"), ("opencl", "perfx_opencl.plugin"))
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,9 @@ class Registry:
             return self.backends[name]
         except KeyError:
             known = ", ".join(sorted(self.backends)) or "none"
-            raise BackendError(f"no backend named {name!r}; registered backends: {known} (see `perfx backends`)") from None
+            raise BackendError(
+                f"no backend named {name!r}; registered backends: {known} (see `perfx backends`)"
+            ) from None
 
     def open_runtime(self, backend: str, device: int | str | None = None) -> Any:
         """Open a device of ``backend`` and attach its resolved op table."""

@@ -33,17 +33,22 @@ LAYER_SHAPES = (
 )
 
 
-def timed(rt, fn, min_seconds: float = 0.3, max_calls: int = 200) -> float:
-    """Median seconds per call, after one warm-up call."""
+def timed(rt, fn, batch: int = 20, min_seconds: float = 0.3, max_batches: int = 50) -> float:
+    """Median seconds per call over batches of ``batch`` back-to-back calls with one wait at the end.
+
+    Waiting after every call would time the queue's completion latency (~100+ us on some drivers), not the
+    kernel; a model also queues its kernels back to back.
+    """
     fn()
     rt.synchronize()
     samples = []
     total = time.perf_counter()
-    while len(samples) < max_calls and (time.perf_counter() - total < min_seconds or len(samples) < 5):
+    while len(samples) < max_batches and (time.perf_counter() - total < min_seconds or len(samples) < 3):
         start = time.perf_counter()
-        fn()
+        for _ in range(batch):
+            fn()
         rt.synchronize()
-        samples.append(time.perf_counter() - start)
+        samples.append((time.perf_counter() - start) / batch)
     return statistics.median(samples)
 
 
@@ -59,9 +64,12 @@ def matmul_case(rt, m: int, k: int, n: int, rng: np.random.Generator) -> dict:
     x = rt.from_numpy(rng.standard_normal((n, k), dtype=np.float32))
     out = rt.empty((n, m))
     op = rt.ops.int4_gemv if n == 1 else rt.ops.int4_gemm
+    kernel_seconds = getattr(rt, "kernel_seconds", None) if getattr(rt, "kernel_events", None) is not None else None
+    if kernel_seconds:
+        kernel_seconds()  # drop earlier records
     seconds = timed(rt, lambda: op(x, w, out))
     moved = weight.nbytes + 4 * n * (k + m)
-    return {
+    row = {
         "m": m,
         "k": k,
         "n": n,
@@ -69,6 +77,12 @@ def matmul_case(rt, m: int, k: int, n: int, rng: np.random.Generator) -> dict:
         "GB/s": round(moved / seconds / 1e9, 1),
         "GFLOP/s": round(2 * m * k * n / seconds / 1e9, 1),
     }
+    if kernel_seconds:  # device time alone (PERFX_OPENCL_PROFILE=1): what the kernel achieves without the host
+        records = rt.kernel_events
+        calls = len(records)
+        device = sum(kernel_seconds().values()) / max(1, calls)
+        row.update({"device_us": round(device * 1e6, 2), "device_GB/s": round(moved / device / 1e9, 1)})
+    return row
 
 
 def end_to_end(rt, quick: bool) -> dict:
@@ -105,6 +119,14 @@ def end_to_end(rt, quick: bool) -> dict:
     }
     if launches_before is not None:
         result["launches_per_token"] = (rt.launch_count - launches_before) / gen
+    kernel_seconds = getattr(rt, "kernel_seconds", None)
+    if kernel_seconds is not None and rt.kernel_events is not None:
+        kernel_seconds()  # clear, then record device time per kernel over a few decode steps
+        for i in range(8):
+            engine.decode([token], [0], [prompt_len + gen + i])
+        result["decode_device_ms_per_token_by_kernel"] = {
+            k: round(1e3 * v / 8, 3) for k, v in sorted(kernel_seconds().items(), key=lambda kv: -kv[1])
+        }
     profile = rt.ops.start_profiling()
     for i in range(min(gen, 16)):
         engine.decode([token], [0], [prompt_len + gen + i])
@@ -129,12 +151,17 @@ def main() -> None:
     rng = np.random.default_rng(0)
     report: dict = {"backend": args.backend, "device": rt.device.name, "ops": dict(rt.ops.sources)}
     report["copy_GB/s"] = copy_bandwidth(rt)
+    tiny_in, tiny_out = rt.from_numpy(np.ones((1, 2), np.float32)), rt.empty((1, 1))
+    report["tiny_launch_us"] = round(1e6 * timed(rt, lambda: rt.ops.silu_mul(tiny_in, tiny_out), batch=200), 2)
+    print(json.dumps({k: report[k] for k in ("device", "copy_GB/s", "tiny_launch_us")}), flush=True)
     sweep_n = SWEEP_N[:4] if args.quick else SWEEP_N
     report["sweep"] = [matmul_case(rt, SWEEP_M, SWEEP_K, n, rng) for n in sweep_n]
     report["layers_n1"] = [dict(matmul_case(rt, m, k, 1, rng), name=name) for name, m, k in LAYER_SHAPES]
     if report["copy_GB/s"]:
         for row in report["sweep"] + report["layers_n1"]:
             row["of_copy_bw"] = round(row["GB/s"] / report["copy_GB/s"], 3)
+            if "device_GB/s" in row:
+                row["device_of_copy_bw"] = round(row["device_GB/s"] / report["copy_GB/s"], 3)
     for row in report["sweep"] + report["layers_n1"]:
         print(json.dumps(row), flush=True)
     if not args.skip_e2e:

@@ -1,0 +1,144 @@
+// Attention over the KV cache, layout (layer, slot, kv_head, position, head_dim); float32, or float16 with
+// -DCACHE_HALF (vload_half / vstore_half: no cl_khr_fp16 needed). Both ops run as two launches:
+// store_kv writes RoPE'd k and raw v of every new row, then attention reads the cache as stored.
+// A "row" is one new token: decode has one per sequence, prefill T of one sequence; rows[r] = (slot, pos).
+
+#ifdef CACHE_HALF
+#define CACHE_T half
+#define LOAD_C(i, p) vload_half((i), (p))
+#define LOAD_C4(i, p) vload_half4(0, (p) + (i))
+#define STORE_C(v, i, p) vstore_half((v), (i), (p))
+#else
+#define CACHE_T float
+#define LOAD_C(i, p) ((p)[i])
+#define LOAD_C4(i, p) vload4(0, (p) + (i))
+#define STORE_C(v, i, p) ((p)[i] = (v))
+#endif
+
+#define ATT_WG 128
+#define MAX_HEAD_DIM 256
+#ifndef PART
+#define PART 128  // key positions per work-group (one per thread while scoring)
+#endif
+
+inline size_t cache_index(int layer, int slot, int kv_head, int pos, int n_slots, int n_kv, int max_seq, int hd) {
+    return ((((size_t)layer * n_slots + slot) * n_kv + kv_head) * max_seq + pos) * hd;
+}
+
+// Global size (hd / 2, n_kv, rows): one rotate-half pair of k (and the two v values) per work-item.
+__kernel void store_kv(__global const float* qkv, int qkv_off, __global const int* slots, __global const int* positions,
+                       __global const float* cos_t, int cos_off, __global const float* sin_t, int sin_off,
+                       __global CACHE_T* k_cache, __global CACHE_T* v_cache, int layer, int n_slots, int n_kv,
+                       int max_seq, int hd, int q_dim, int qkv_dim) {
+    const int i = get_global_id(0), j = get_global_id(1), r = get_global_id(2);
+    const int half_d = hd / 2;
+    if (i >= half_d) return;
+    const int pos = positions[r];
+    const int k_at = qkv_off + r * qkv_dim + q_dim + j * hd;
+    const int v_at = k_at + n_kv * hd;
+    const float c = cos_t[cos_off + pos * half_d + i], s = sin_t[sin_off + pos * half_d + i];
+    const float x1 = qkv[k_at + i], x2 = qkv[k_at + i + half_d];
+    const size_t at = cache_index(layer, slots[r], j, pos, n_slots, n_kv, max_seq, hd);
+    STORE_C(x1 * c - x2 * s, at + i, k_cache);
+    STORE_C(x2 * c + x1 * s, at + i + half_d, k_cache);
+    STORE_C(qkv[v_at + i], at + i, v_cache);
+    STORE_C(qkv[v_at + i + half_d], at + i + half_d, v_cache);
+}
+
+inline float group_reduce(__local float* scratch, float value, int take_max) {
+    const int lid = get_local_id(0);
+    scratch[lid] = value;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int stride = ATT_WG / 2; stride > 0; stride >>= 1) {
+        if (lid < stride)
+            scratch[lid] = take_max ? fmax(scratch[lid], scratch[lid + stride]) : scratch[lid] + scratch[lid + stride];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const float result = scratch[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return result;
+}
+
+// Split attention (flash-decoding): the positions 0..pos of a row are cut into partitions of PART positions and
+// each work-group scores one (query head, row, partition), so a decode step with few heads and sequences still
+// fills the device. A partition writes its softmax statistics (max, sum) and its unnormalised P.V into `partial`;
+// attention_merge combines them. With a single partition the result is written to `out` directly.
+// Global size (ATT_WG * n_heads, rows, parts); partial holds (rows, n_heads, parts, hd + 2) floats.
+// Grouped-query: head h reads kv head h / (n_heads / n_kv).
+__kernel __attribute__((reqd_work_group_size(ATT_WG, 1, 1))) void attention(
+    __global const float* qkv, int qkv_off, __global const int* slots, __global const int* positions,
+    __global const float* cos_t, int cos_off, __global const float* sin_t, int sin_off,
+    __global const CACHE_T* k_cache, __global const CACHE_T* v_cache, int layer, int n_slots, int n_kv, int max_seq,
+    int hd, int n_heads, int qkv_dim, __global float* out, int out_off, float score_scale, __global float* partial,
+    int partial_off) {
+    __local float q[MAX_HEAD_DIM];
+    __local float p[PART];
+    __local float scratch[ATT_WG];
+    const int lid = get_local_id(0), h = get_group_id(0), r = get_group_id(1), part = get_group_id(2);
+    const int parts = get_num_groups(2);
+    const int pos = positions[r], half_d = hd / 2;
+    const int first = part * PART, count = min(PART, pos + 1 - first);  // count <= 0: nothing to score
+    const int kv_head = h / (n_heads / n_kv);
+    const int q_at = qkv_off + r * qkv_dim + h * hd;
+    for (int i = lid; i < half_d; i += ATT_WG) {
+        const float c = cos_t[cos_off + pos * half_d + i], s = sin_t[sin_off + pos * half_d + i];
+        const float x1 = qkv[q_at + i], x2 = qkv[q_at + i + half_d];
+        q[i] = x1 * c - x2 * s;
+        q[i + half_d] = x2 * c + x1 * s;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const size_t base = cache_index(layer, slots[r], kv_head, first, n_slots, n_kv, max_seq, hd);
+    float local_max = -INFINITY;
+    for (int s = lid; s < count; s += ATT_WG) {
+        const size_t key = base + (size_t)s * hd;
+        float score = 0.0f;
+        int d = 0;
+        for (; d + 4 <= hd; d += 4) score += dot(vload4(0, q + d), LOAD_C4(key + d, k_cache));
+        for (; d < hd; ++d) score += q[d] * LOAD_C(key + d, k_cache);
+        score *= score_scale;
+        p[s] = score;
+        local_max = fmax(local_max, score);
+    }
+    const float max_score = group_reduce(scratch, local_max, 1);
+    float local_sum = 0.0f;
+    for (int s = lid; s < count; s += ATT_WG) {
+        const float e = exp(p[s] - max_score);
+        p[s] = e;
+        local_sum += e;
+    }
+    const float sum = group_reduce(scratch, local_sum, 0);  // its barriers also publish p[]
+    const size_t stats = partial_off + (((size_t)r * n_heads + h) * parts + part) * (hd + 2);
+    for (int d = lid; d < hd; d += ATT_WG) {
+        float a = 0.0f;
+        for (int s = 0; s < count; ++s) a += p[s] * LOAD_C(base + (size_t)s * hd + d, v_cache);
+        if (parts == 1)
+            out[out_off + r * n_heads * hd + h * hd + d] = a / sum;
+        else
+            partial[stats + 2 + d] = a;
+    }
+    if (parts > 1 && lid == 0) {
+        partial[stats] = count > 0 ? max_score : -INFINITY;
+        partial[stats + 1] = count > 0 ? sum : 0.0f;
+    }
+}
+
+// Combines the partitions of attention: out = sum_p e^(m_p - M) acc_p / sum_p e^(m_p - M) l_p.
+// Global size (hd, n_heads, rows).
+__kernel void attention_merge(__global const float* partial, int partial_off, int parts, int hd, int n_heads,
+                              __global float* out, int out_off) {
+    const int d = get_global_id(0), h = get_global_id(1), r = get_global_id(2);
+    if (d >= hd) return;
+    const size_t base = partial_off + ((size_t)r * n_heads + h) * parts * (hd + 2);
+    float m = -INFINITY;
+    for (int i = 0; i < parts; ++i) m = fmax(m, partial[base + i * (hd + 2)]);
+    float num = 0.0f, den = 0.0f;
+    for (int i = 0; i < parts; ++i) {
+        const size_t at = base + i * (hd + 2);
+        if (partial[at + 1] > 0.0f) {
+            const float w = exp(partial[at] - m);
+            num += w * partial[at + 2 + d];
+            den += w * partial[at + 1];
+        }
+    }
+    out[out_off + r * n_heads * hd + h * hd + d] = num / den;
+}

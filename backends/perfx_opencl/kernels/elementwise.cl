@@ -1,0 +1,63 @@
+// Row-wise norms and the SwiGLU activation. Activations are float32; every tensor argument is a
+// (pointer, element offset) pair.
+
+#ifndef NORM_WG
+#define NORM_WG 256  // threads per row (set by ops.py)
+#endif
+
+inline float sum_over_group(__local float* scratch, float value) {
+    const int lid = get_local_id(0);
+    scratch[lid] = value;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int stride = NORM_WG / 2; stride > 0; stride >>= 1) {
+        if (lid < stride) scratch[lid] += scratch[lid + stride];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const float total = scratch[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return total;
+}
+
+// One work-group per row: out = x / sqrt(mean(x^2) + eps) * weight. Global size (NORM_WG * n).
+__kernel __attribute__((reqd_work_group_size(NORM_WG, 1, 1))) void rmsnorm(
+    __global const float* x, int x_off, __global const float* weight, int w_off, __global float* out, int out_off,
+    int d, float eps) {
+    __local float scratch[NORM_WG];
+    const int lid = get_local_id(0);
+    const int base = get_group_id(0) * d;
+    float sq = 0.0f;
+    for (int c = lid; c < d; c += NORM_WG) {
+        const float v = x[x_off + base + c];
+        sq += v * v;
+    }
+    const float inv = 1.0f / sqrt(sum_over_group(scratch, sq) / (float)d + eps);
+    for (int c = lid; c < d; c += NORM_WG) out[out_off + base + c] = x[x_off + base + c] * inv * weight[w_off + c];
+}
+
+// residual += x (in place), then out = rmsnorm(residual). Each thread rereads only elements it wrote itself.
+__kernel __attribute__((reqd_work_group_size(NORM_WG, 1, 1))) void add_rmsnorm(
+    __global const float* x, int x_off, __global float* residual, int r_off, __global const float* weight,
+    int w_off, __global float* out, int out_off, int d, float eps) {
+    __local float scratch[NORM_WG];
+    const int lid = get_local_id(0);
+    const int base = get_group_id(0) * d;
+    float sq = 0.0f;
+    for (int c = lid; c < d; c += NORM_WG) {
+        const float v = residual[r_off + base + c] + x[x_off + base + c];
+        residual[r_off + base + c] = v;
+        sq += v * v;
+    }
+    const float inv = 1.0f / sqrt(sum_over_group(scratch, sq) / (float)d + eps);
+    for (int c = lid; c < d; c += NORM_WG)
+        out[out_off + base + c] = residual[r_off + base + c] * inv * weight[w_off + c];
+}
+
+// out (n, f) = silu(gate_up[:, :f]) * gate_up[:, f:]; g / (1 + exp(-g)) is finite for any g (exp -> inf
+// gives -0). Global size (f, n).
+__kernel void silu_mul(__global const float* gate_up, int gu_off, __global float* out, int out_off, int f) {
+    const int c = get_global_id(0), row = get_global_id(1);
+    if (c >= f) return;
+    const float g = gate_up[gu_off + row * 2 * f + c];
+    const float u = gate_up[gu_off + row * 2 * f + f + c];
+    out[out_off + row * f + c] = g / (1.0f + exp(-g)) * u;
+}

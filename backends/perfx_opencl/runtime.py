@@ -1,0 +1,546 @@
+"""The pyopencl runtime shared by the ``opencl`` and ``opencl-adreno`` backends: devices, buffers, programs.
+
+Tensors are ``CLTensor``s: a buffer plus an element offset, so ``view`` is free and kernels take
+(pointer, offset) pairs (sub-buffers would bring alignment rules). Kernels live in ``kernels/*.cl``; each
+program is built once per context and options, and a build failure raises ``KernelBuildError`` with the log.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from perfx_core.backend import Backend, DeviceInfo, KVCacheSpec, Runtime
+from perfx_core.errors import BackendError, BackendUnavailableError, InvalidArgumentError
+from perfx_core.weights import DenseWeight, Int4Weight, Weight
+
+KERNEL_DIR = Path(__file__).parent / "kernels"
+
+
+class KernelBuildError(BackendError):
+    """An OpenCL program failed to build; ``log`` holds the compiler's build log."""
+
+    def __init__(self, message: str, log: str):
+        super().__init__(message)
+        self.log = log
+
+
+def _pyopencl() -> Any:
+    try:
+        import pyopencl
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            f"pyopencl is not installed ({exc}); run `pip install 'perfx[opencl]'` (and pocl-binary-distribution "
+            "for OpenCL on the CPU)"
+        ) from None
+    return pyopencl
+
+
+@contextmanager
+def check(what: str) -> Iterator[None]:
+    """Turn a pyopencl/driver error raised while doing ``what`` into a BackendError that says so."""
+    cl = _pyopencl()
+    try:
+        yield
+    except cl.Error as exc:
+        raise BackendError(f"OpenCL: {what} failed: {exc}") from exc
+
+
+FLUSH_EVERY = 16  # launches between queue flushes (see launch)
+MAX_CACHED_LAUNCHES = 4096  # a 7B decode step makes ~260 distinct launches; prefill chunks add a few per size
+
+# -- devices ---------------------------------------------------------------------------------------------
+
+
+def _cl_devices() -> list[tuple[Any, Any]]:
+    """(platform, device) of every OpenCL device on every platform; BackendUnavailableError says why none."""
+    cl = _pyopencl()
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error as exc:
+        raise BackendUnavailableError(
+            f"no OpenCL platform ({exc}); install your GPU's OpenCL driver (ICD), or `pip install "
+            "pocl-binary-distribution` for the CPU"
+        ) from None
+    found, reasons = [], []
+    for platform in platforms:
+        try:
+            found.extend((platform, device) for device in platform.get_devices())
+        except cl.Error as exc:
+            reasons.append(f"{platform.name}: {exc}")
+    if not found:
+        raise BackendUnavailableError(
+            "no OpenCL device on any platform" + (f" ({'; '.join(reasons)})" if reasons else "")
+        )
+    return found
+
+
+def _is_adreno(device: Any) -> bool:
+    return "qualcomm" in device.vendor.lower() or "adreno" in device.name.lower()
+
+
+def _device_info(index: int, platform: Any, device: Any) -> DeviceInfo:
+    cl = _pyopencl()
+    return DeviceInfo(
+        index=index,
+        name=f"{device.name.strip()} ({platform.name.strip()})",
+        kind="gpu" if device.type & cl.device_type.GPU else "cpu",
+        memory_bytes=int(device.global_mem_size),
+        details={
+            "vendor": device.vendor.strip(),
+            "version": device.version.strip(),
+            "driver": device.driver_version.strip(),
+            "compute_units": int(device.max_compute_units),
+            "max_work_group_size": int(device.max_work_group_size),
+            "local_memory_bytes": int(device.local_mem_size),
+            "image_support": bool(device.image_support),
+            "fp16": "cl_khr_fp16" in device.extensions,
+        },
+    )
+
+
+@dataclass
+class _DeviceState:
+    """One context and in-order queue per device, shared by every runtime opened on it in this process,
+    with the programs built for it (keyed by kernel file and build options)."""
+
+    context: Any
+    queue: Any
+    programs: dict[tuple[str, str, tuple[str, ...]], Any]
+    kernels: dict[tuple[int, str], Any]
+
+
+_device_states: dict[tuple[str, str, int], _DeviceState] = {}
+
+
+def _device_state(index: int, platform: Any, device: Any) -> _DeviceState:
+    key = (platform.name, device.name, index)
+    if key not in _device_states:
+        cl = _pyopencl()
+        with check(f"creating a context on {device.name.strip()}"):
+            context = cl.Context([device])
+            # PERFX_OPENCL_PROFILE=1 records every kernel's device time (benchmarks); it costs a little per launch.
+            properties = cl.command_queue_properties.PROFILING_ENABLE if os.environ.get("PERFX_OPENCL_PROFILE") else 0
+            queue = cl.CommandQueue(context, device, properties=properties)
+        _device_states[key] = _DeviceState(context, queue, {}, {})
+    return _device_states[key]
+
+
+# -- tensors and weights ---------------------------------------------------------------------------------
+
+
+class _Allocation:
+    """One device buffer; its bytes count in the runtime's allocated_bytes until it is garbage collected."""
+
+    def __init__(self, buffer: Any, nbytes: int):
+        self.buffer = buffer
+        self.nbytes = nbytes
+        self.image: Any = None  # an image1d_buffer over the buffer, made on demand (Adreno GEMV)
+
+
+class CLTensor:
+    """A contiguous row-major tensor ``offset`` elements into an allocation."""
+
+    __slots__ = ("alloc", "offset", "shape", "dtype")
+
+    def __init__(self, alloc: _Allocation, offset: int, shape: tuple[int, ...], dtype: np.dtype):
+        self.alloc = alloc
+        self.offset = offset
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = dtype
+
+    @property
+    def buffer(self) -> Any:
+        return self.alloc.buffer
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def __repr__(self) -> str:
+        return f"CLTensor(shape={self.shape}, dtype={self.dtype}, offset={self.offset})"
+
+
+@dataclass(eq=False)
+class CLInt4Weight:
+    """An int4 weight as uploaded, chunk-major (kernels/int4.cl): packed (k/32, m, 16) uint8, scale (k/g, m)
+    float16, bias (k/g, m) float32."""
+
+    shape: tuple[int, int]
+    group_size: int
+    packed: CLTensor
+    scale: CLTensor
+    bias: CLTensor
+    kind: str = "int4"
+
+
+@dataclass(eq=False)
+class CLDenseWeight:
+    shape: tuple[int, int]
+    data: CLTensor  # float32 or float16 (m, k)
+    kind: str = "dense"
+
+
+@dataclass(eq=False)
+class CLKVCache:
+    spec: KVCacheSpec
+    k: CLTensor  # (layer, slot, kv_head, position, head_dim), spec.dtype
+    v: CLTensor
+
+
+# -- the runtime -----------------------------------------------------------------------------------------
+
+
+class OpenCLRuntime(Runtime):
+    """One opened OpenCL device. ``variant`` is "generic" or "adreno" (kernels built with -DADRENO)."""
+
+    def __init__(self, backend_name: str, info: DeviceInfo, device: Any, state: _DeviceState, variant: str):
+        self.backend_name = backend_name
+        self.device = info
+        self.cl = _pyopencl()
+        self.cl_device = device
+        self.context = state.context
+        self.queue = state.queue
+        self._state = state
+        self.variant = variant
+        # The Adreno GEMV reads activations through the texture cache when the device has images.
+        self.use_images = variant == "adreno" and bool(device.image_support)
+        self._image_max_texels = int(device.image_max_buffer_size) if self.use_images else 0
+        self._allocated = 0
+        self._peak = 0
+        self._index_buffers: dict[str, tuple[_Allocation, int]] = {}
+        self._closed = False
+        self._kernels: dict[tuple, Any] = {}
+        self._launches: dict[tuple, tuple[Any, tuple[Any, ...]]] = {}  # see launch()
+        self.launch_count = 0  # kernels queued since open: benchmarks report launches per token
+        self.kernel_events: list[tuple[str, Any]] | None = [] if os.environ.get("PERFX_OPENCL_PROFILE") else None
+
+    # -- memory ----------------------------------------------------------------------------------------
+    def _allocate(self, nbytes: int, hostbuf: np.ndarray | None = None) -> _Allocation:
+        cl = self.cl
+        flags = cl.mem_flags.READ_WRITE
+        with check(f"allocating {nbytes} bytes"):
+            if hostbuf is not None and nbytes > 0:
+                buffer = cl.Buffer(self.context, flags | cl.mem_flags.COPY_HOST_PTR, hostbuf=hostbuf)
+            else:
+                buffer = cl.Buffer(self.context, flags, max(nbytes, 4))  # OpenCL has no empty buffers
+        alloc = _Allocation(buffer, nbytes)
+        self._allocated += nbytes
+        self._peak = max(self._peak, self._allocated)
+        weakref.finalize(alloc, self._release, nbytes)
+        return alloc
+
+    def _release(self, nbytes: int) -> None:
+        self._allocated -= nbytes
+
+    def empty(self, shape, dtype=np.float32) -> CLTensor:
+        dtype = np.dtype(dtype)
+        shape = tuple(int(s) for s in shape)
+        return CLTensor(self._allocate(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize), 0, shape, dtype)
+
+    def from_numpy(self, array) -> CLTensor:
+        array = np.ascontiguousarray(array)
+        return CLTensor(self._allocate(array.nbytes, array), 0, array.shape, array.dtype)
+
+    def to_numpy(self, tensor: CLTensor) -> np.ndarray:
+        host = np.empty(tensor.shape, dtype=tensor.dtype)
+        if host.size:
+            with check("reading a tensor back"):
+                self.cl.enqueue_copy(
+                    self.queue, host, tensor.buffer, src_offset=tensor.offset * tensor.dtype.itemsize, is_blocking=True
+                )
+        return host
+
+    def write(self, tensor: CLTensor, array: np.ndarray) -> None:
+        """Overwrite ``tensor`` with ``array`` (same number of elements, converted to the tensor's dtype)."""
+        host = np.ascontiguousarray(array, dtype=tensor.dtype).reshape(-1)
+        if host.size != tensor.size:
+            raise InvalidArgumentError(f"writing {host.size} elements into a tensor of {tensor.size}")
+        if host.size:
+            with check("writing a tensor"):
+                self.cl.enqueue_copy(
+                    self.queue, tensor.buffer, host, dst_offset=tensor.offset * tensor.dtype.itemsize, is_blocking=True
+                )
+
+    def view(self, tensor: CLTensor, offset: int, shape) -> CLTensor:
+        shape = tuple(int(s) for s in shape)
+        size = int(np.prod(shape, dtype=np.int64))
+        if offset < 0 or offset + size > tensor.size:
+            raise BackendError(f"view [{offset}, {offset + size}) is outside a tensor of {tensor.size} elements")
+        return CLTensor(tensor.alloc, tensor.offset + offset, shape, tensor.dtype)
+
+    def upload_ints(self, key: str, values: np.ndarray) -> Any:
+        """A device int32 buffer holding ``values`` (ids, slots, positions), reused per ``key`` and grown as needed.
+
+        The copy is queued without waiting (pyopencl keeps the host copy alive); the in-order queue puts it
+        after the kernels that read the previous contents.
+        """
+        host = np.array(values, dtype=np.int32, copy=True).reshape(-1)
+        held = self._index_buffers.get(key)
+        if held is None or held[1] < host.size:
+            capacity = max(64, 1 << int(host.size - 1).bit_length())
+            held = (self._allocate(capacity * 4), capacity)
+            self._index_buffers[key] = held
+        if host.size:
+            with check(f"uploading {key}"):
+                self.cl.enqueue_copy(self.queue, held[0].buffer, host, is_blocking=False)
+        return held[0].buffer
+
+    def image_of(self, tensor: CLTensor) -> Any | None:
+        """An image1d_buffer (one float per texel) over the whole buffer of a float32 tensor, or None if unusable."""
+        alloc = tensor.alloc
+        texels = alloc.nbytes // 4
+        if not self.use_images or tensor.dtype != np.float32 or not 0 < texels <= self._image_max_texels:
+            return None
+        if alloc.image is None:
+            cl = self.cl
+            fmt = cl.ImageFormat(cl.channel_order.R, cl.channel_type.FLOAT)
+            try:
+                alloc.image = cl.create_image(
+                    self.context, cl.mem_flags.READ_ONLY, fmt, shape=(texels,), buffer=alloc.buffer
+                )
+            except cl.Error:
+                self.use_images = False  # the driver refuses buffer images: use the plain buffer path from now on
+                return None
+        return alloc.image
+
+    # -- weights and cache -----------------------------------------------------------------------------
+    def prepare_weight(self, weight: Weight):
+        if isinstance(weight, Int4Weight):
+            m, k = weight.shape
+            # Chunk-major layout (kernels/int4.cl): 16-byte chunks of 32 codes, [chunk][row]; scale/bias [group][row].
+            chunks = np.ascontiguousarray(weight.packed.reshape(m, k // 32, 16).transpose(1, 0, 2))
+            return CLInt4Weight(
+                weight.shape,
+                weight.group_size,
+                self.from_numpy(chunks),
+                self.from_numpy(np.ascontiguousarray(weight.scale.T)),  # float16 bits, read with vload_half
+                self.from_numpy(np.ascontiguousarray(weight.bias.T)),
+            )
+        if isinstance(weight, DenseWeight):
+            return CLDenseWeight(weight.shape, self.from_numpy(weight.data))
+        raise InvalidArgumentError(f"the OpenCL backend cannot prepare a {type(weight).__name__}")
+
+    def new_kv_cache(self, spec: KVCacheSpec) -> CLKVCache:
+        if spec.dtype not in ("float32", "float16"):
+            raise InvalidArgumentError(f"KV cache dtype must be float32 or float16; got {spec.dtype!r}")
+        k, v = self.empty(spec.shape, spec.dtype), self.empty(spec.shape, spec.dtype)
+        with check("zero-filling the KV cache"):
+            for t in (k, v):
+                if t.alloc.nbytes:
+                    self.cl.enqueue_fill_buffer(self.queue, t.buffer, np.uint8(0), 0, t.alloc.nbytes)
+        return CLKVCache(spec, k, v)
+
+    def kv_cache_to_numpy(self, cache: CLKVCache):
+        return self.to_numpy(cache.k), self.to_numpy(cache.v)
+
+    def kv_cache_from_numpy(self, cache: CLKVCache, k, v):
+        self.write(cache.k, k)
+        self.write(cache.v, v)
+
+    @property
+    def allocated_bytes(self) -> int:
+        return self._allocated
+
+    @property
+    def peak_allocated_bytes(self) -> int:
+        return self._peak
+
+    # -- programs --------------------------------------------------------------------------------------
+    def kernel(self, file: str, name: str, **defines: Any) -> Any:
+        """Kernel ``name`` of ``kernels/<file>.cl`` built with ``-DKEY=VALUE`` per define (True: ``-DKEY``).
+
+        Called for every launch, so a hit is one dict lookup (no file read, no source hashing).
+        """
+        fast_key = (file, name, tuple(sorted(defines.items())))
+        kernel = self._kernels.get(fast_key)
+        if kernel is None:
+            kernel = self._kernels[fast_key] = self._make_kernel(file, name, defines)
+        return kernel
+
+    def _make_kernel(self, file: str, name: str, defines: dict[str, Any]) -> Any:
+        options = [f"-D{k}" if v is True else f"-D{k}={v}" for k, v in sorted(defines.items()) if v is not False]
+        if self.variant == "adreno":
+            options.append("-DADRENO")
+        program = self.program(file, tuple(options))
+        key = (id(program), name)
+        kernel = self._state.kernels.get(key)
+        if kernel is None:
+            with check(f"creating kernel {name} of {file}.cl"):
+                kernel = self._state.kernels[key] = getattr(program, name)
+        return kernel
+
+    def program(self, file: str, options: tuple[str, ...]) -> Any:
+        source = (KERNEL_DIR / f"{file}.cl").read_text()
+        return self.build(source, options, label=f"{file}.cl")
+
+    def build(self, source: str, options: tuple[str, ...] = (), label: str = "program") -> Any:
+        """Build ``source`` once per device and options; KernelBuildError carries the build log on failure."""
+        key = (label, source, options)
+        program = self._state.programs.get(key)
+        if program is None:
+            cl = self.cl
+            program = cl.Program(self.context, source)
+            try:
+                program.build(options=list(options), devices=[self.cl_device])
+            except cl.Error as exc:
+                try:
+                    log = program.get_build_info(self.cl_device, cl.program_build_info.LOG)
+                except cl.Error:
+                    log = ""
+                log = (log or str(exc)).strip()
+                raise KernelBuildError(
+                    f"OpenCL: building {label} with options {' '.join(options) or '(none)'} failed on "
+                    f"{self.device.name}:\n{log}",
+                    log,
+                ) from exc
+            self._state.programs[key] = program
+        return program
+
+    def launch(self, kernel: Any, global_size: tuple[int, ...], local_size: tuple[int, ...] | None, *args: Any) -> None:
+        """Queue ``kernel``; a CLTensor argument becomes (buffer, element offset), ints int32, floats float32.
+
+        Setting arguments costs pyopencl a few microseconds each, more than queueing the kernel, and a decode
+        step repeats the same launches with the same buffers. So each distinct (kernel, arguments) gets its own
+        kernel object with its arguments set once; a repeat is one dict lookup and one enqueue.
+        """
+        signature = (id(kernel), global_size, local_size) + tuple(
+            (id(a.alloc), a.offset) if isinstance(a, CLTensor) else a if isinstance(a, (int, float)) else id(a)
+            for a in args
+        )
+        entry = self._launches.get(signature)
+        if entry is None:
+            entry = self._new_launch(kernel, args)
+            if len(self._launches) >= MAX_CACHED_LAUNCHES:
+                self._launches.pop(next(iter(self._launches)))  # oldest first: dicts keep insertion order
+            self._launches[signature] = entry
+        try:
+            event = self.cl.enqueue_nd_range_kernel(self.queue, entry[0], global_size, local_size)
+        except self.cl.Error as exc:
+            raise BackendError(f"OpenCL: running kernel {kernel.function_name} failed: {exc}") from exc
+        self.launch_count += 1
+        if self.launch_count % FLUSH_EVERY == 0:
+            self.queue.flush()  # some drivers (NVIDIA's) hold queued kernels until a flush: keep the device busy
+        if self.kernel_events is not None:
+            self.kernel_events.append((kernel.function_name, event))
+
+    def _new_launch(self, kernel: Any, args: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
+        """A private kernel object with ``args`` set, kept with the arguments (so their ids stay unique)."""
+        values: list[Any] = []
+        for arg in args:
+            if isinstance(arg, CLTensor):
+                values.extend((arg.buffer, np.int32(arg.offset)))
+            elif isinstance(arg, bool) or not isinstance(arg, (int, float)):
+                values.append(arg)
+            elif isinstance(arg, int):
+                values.append(np.int32(arg))
+            else:
+                values.append(np.float32(arg))
+        with check(f"setting the arguments of kernel {kernel.function_name}"):
+            private = self.cl.Kernel(kernel.program, kernel.function_name)
+            private.set_args(*values)
+        return private, args
+
+    def kernel_seconds(self) -> dict[str, float]:
+        """Device seconds per kernel name since the last call (needs PERFX_OPENCL_PROFILE=1); clears the record."""
+        self.synchronize()
+        totals: dict[str, float] = {}
+        for name, event in self.kernel_events or []:
+            totals[name] = totals.get(name, 0.0) + (event.profile.end - event.profile.start) * 1e-9
+        if self.kernel_events is not None:
+            self.kernel_events.clear()
+        return totals
+
+    def copy_bandwidth_gbs(self, nbytes: int = 1 << 30, repeats: int = 10) -> float:
+        """Device-to-device copy bandwidth, counting bytes read plus written (the roofline for GEMV)."""
+        src, dst = self._allocate(nbytes), self._allocate(nbytes)
+        with check("measuring copy bandwidth"):
+            self.cl.enqueue_copy(self.queue, dst.buffer, src.buffer, byte_count=nbytes)
+            self.queue.finish()
+            start = time.perf_counter()
+            for _ in range(repeats):
+                self.cl.enqueue_copy(self.queue, dst.buffer, src.buffer, byte_count=nbytes)
+            self.queue.finish()
+        return 2 * nbytes * repeats / (time.perf_counter() - start) / 1e9
+
+    def synchronize(self) -> None:
+        with check("waiting for the queue"):
+            self.queue.finish()
+
+    def close(self) -> None:
+        if not self._closed:
+            self.synchronize()
+            self._index_buffers.clear()
+            self.__dict__.pop("_scratch_buffers", None)
+            self._closed = True
+
+
+# -- the backends ----------------------------------------------------------------------------------------
+
+
+class OpenCLBackend(Backend):
+    name = "opencl"
+    description = "OpenCL through pyopencl: any OpenCL 1.2+ device (GPUs first; PoCL runs it on the CPU)"
+    variant = "generic"
+
+    def devices(self) -> list[DeviceInfo]:
+        return [_device_info(i, p, d) for i, (p, d) in enumerate(_cl_devices())]
+
+    def _preference(self, found: list[tuple[Any, Any]]) -> list[int]:
+        """Device indices to try when none is named: GPUs before the rest, in platform order."""
+        cl = _pyopencl()
+        return sorted(range(len(found)), key=lambda i: not found[i][1].type & cl.device_type.GPU)
+
+    def open(self, device: int | str | None = None) -> OpenCLRuntime:
+        found = _cl_devices()
+        infos = [_device_info(i, p, d) for i, (p, d) in enumerate(found)]
+        if device is None:
+            reasons = []
+            for i in self._preference(found):
+                try:
+                    return self._open(i, found, infos)
+                except BackendError as exc:  # e.g. a broken ICD: record why and try the next device
+                    reasons.append(f"{infos[i].name}: {exc}")
+            raise BackendUnavailableError("no OpenCL device could be opened: " + "; ".join(reasons))
+        if isinstance(device, int) or (isinstance(device, str) and device.strip().isdigit()):
+            index = int(device)
+            if not 0 <= index < len(found):
+                raise BackendError(f"{self.name} has devices 0..{len(found) - 1}; got {index} (see `perfx backends`)")
+            return self._open(index, found, infos)
+        matches = [i for i, info in enumerate(infos) if str(device).lower() in info.name.lower()]
+        if not matches:
+            names = ", ".join(f"{i}: {info.name}" for i, info in enumerate(infos))
+            raise BackendError(f"no {self.name} device matches {device!r}; devices are {names}")
+        return self._open(matches[0], found, infos)
+
+    def _open(self, index: int, found: list[tuple[Any, Any]], infos: list[DeviceInfo]) -> OpenCLRuntime:
+        platform, device = found[index]
+        runtime = OpenCLRuntime(self.name, infos[index], device, _device_state(index, platform, device), self.variant)
+        # Building a tiny kernel now turns a device whose compiler cannot work (e.g. a PoCL whose LLVM does
+        # not know the host CPU) into an error at open time, which auto-selection records and skips.
+        runtime.build(_PROBE_SOURCE, label="probe.cl")
+        return runtime
+
+
+_PROBE_SOURCE = "__kernel void probe(__global float* x) { x[get_global_id(0)] = 1.0f; }\n"
+
+
+class AdrenoBackend(OpenCLBackend):
+    name = "opencl-adreno"
+    description = (
+        "OpenCL with Adreno kernel variants (texture reads of activations); picks a Qualcomm device, "
+        "runs on any OpenCL device when forced"
+    )
+    variant = "adreno"
+
+    def _preference(self, found: list[tuple[Any, Any]]) -> list[int]:
+        generic = super()._preference(found)
+        return sorted(generic, key=lambda i: not _is_adreno(found[i][1]))
