@@ -1,13 +1,17 @@
-"""The ``perfx`` command line: run, chat, backends, check-backend, bench."""
+"""The ``perfx`` command line: run, chat, backends, check-backend, bench, and the commands of COMMAND_MODULES."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from typing import Any, Sequence
 
 from .errors import BackendUnavailableError, PerfxError
+
+# Modules with more subcommands, each with add_commands(subparsers); they import their heavy parts lazily.
+COMMAND_MODULES = ("perfx_core.quant.cli_commands", "perfx_core.serving.cli_commands", "perfx_gui.cli_commands")
 
 
 def _model_options(parser: argparse.ArgumentParser) -> None:
@@ -82,7 +86,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
     messages: list[dict[str, str]] = []
     if args.system:
         messages.append({"role": "system", "content": args.system})
-    print(f"perfx chat with {model.path.name} on {model.backend}. /reset clears, /exit or Ctrl-D quits.", file=sys.stderr)
+    print(
+        f"perfx chat with {model.path.name} on {model.backend}. /reset clears, /exit or Ctrl-D quits.", file=sys.stderr
+    )
     while True:
         try:
             line = input("> ")
@@ -184,6 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeat", "-r", type=int, default=3)
     bench.add_argument("--profile", action="store_true", help="add time per op type (decode, ms per token)")
     bench.set_defaults(func=cmd_bench)
+    for module_name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:  # an optional part that is not installed (e.g. the desktop app)
+            continue
+        module.add_commands(sub)
     return parser
 
 
