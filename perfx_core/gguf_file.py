@@ -447,4 +447,3 @@ def _tensor_type(code: int) -> GGMLQuantizationType | None:
     except ValueError:
         return None
     return t if t in GGML_QUANT_SIZES else None
-

@@ -181,7 +181,9 @@ class LlamaModel:
         if ids.ndim != 1:
             raise InvalidArgumentError("token ids must be a flat sequence of integers")
         if len(ids) and (ids.min() < 0 or ids.max() >= self.config.vocab_size):
-            raise InvalidArgumentError(f"token ids must be in [0, {self.config.vocab_size}); got {ids.min()}..{ids.max()}")
+            raise InvalidArgumentError(
+                f"token ids must be in [0, {self.config.vocab_size}); got {ids.min()}..{ids.max()}"
+            )
         return ids.astype(np.int32)
 
     def _check_slot(self, slot: int) -> None:

@@ -25,7 +25,9 @@ def inverse_frequencies(
     )
     blended = (1 - smooth) * inv_freq / scaling.factor + smooth * inv_freq
     return np.where(
-        wavelength < short_wavelength, inv_freq, np.where(wavelength > long_wavelength, inv_freq / scaling.factor, blended)
+        wavelength < short_wavelength,
+        inv_freq,
+        np.where(wavelength > long_wavelength, inv_freq / scaling.factor, blended),
     )
 
 
