@@ -127,31 +127,34 @@ def load(
     context_length: int | None = None,
     n_slots: int = 1,
     prefill_chunk: int = 256,
+    quantize: str | None = None,
 ) -> Model:
-    """Load a model file onto ``backend``/``device``. ``path=None`` uses $PERFX_MODEL or the bundled default.
+    """Load a model onto ``backend``/``device``. ``path=None`` uses $PERFX_MODEL or the bundled default.
 
+    ``path`` is a GGUF file or a model directory (perfx format, Hugging Face float or AutoAWQ checkpoint).
     ``context_length`` bounds the KV cache (default: the model's, at most 4096 tokens).
+    ``quantize="rtn"`` quantizes a Hugging Face float checkpoint to int4 while loading.
     """
-    from .gguf_loader import load_llama_gguf  # deferred: the gguf library is slow to import
-
     model_path = resolve_model_path(path)
     if context_length is not None and (not isinstance(context_length, int) or context_length < 1):
         raise InvalidArgumentError(f"context_length must be a positive integer; got {context_length!r}")
     if n_slots < 1:
         raise InvalidArgumentError(f"n_slots must be at least 1; got {n_slots!r}")
-    if model_path.is_dir() or _magic(model_path) != GGUF_MAGIC:
-        raise ModelFormatError(
-            f"{model_path} is not a GGUF file (no 'GGUF' magic); perfx reads GGUF model files"
-        )
+    if not model_path.is_dir():
+        if _magic(model_path) != GGUF_MAGIC:
+            raise ModelFormatError(
+                f"{model_path} is not a GGUF file (no 'GGUF' magic); perfx reads GGUF model files and model directories"
+            )
+        if quantize is not None:
+            raise InvalidArgumentError("quantize= applies to Hugging Face directories; a GGUF file loads as stored")
     # Open the device first: a wrong backend or device fails before the slow part.
     runtime = get_registry().open_runtime(backend, device)
     try:
-        config, weights, gguf = load_llama_gguf(model_path)
+        config, weights, tokenizer, metadata = _read_model(model_path, quantize)
         if context_length is not None and context_length > config.context_length:
             raise InvalidArgumentError(
                 f"context_length {context_length} exceeds the {config.context_length} tokens this model was trained for"
             )
-        tokenizer = tokenizer_from_metadata(gguf.metadata)
         engine = LlamaModel(
             config,
             weights,
@@ -163,7 +166,20 @@ def load(
     except BaseException:
         runtime.close()
         raise
-    return Model(model_path, config, engine, tokenizer, gguf.metadata)
+    return Model(model_path, config, engine, tokenizer, metadata)
+
+
+def _read_model(path: Path, quantize: str | None):
+    """(config, host weights, tokenizer, metadata) of a GGUF file or a model directory."""
+    if path.is_dir():
+        from .formats import load_directory
+
+        loaded = load_directory(path, quantize=quantize)
+        return loaded.config, loaded.weights, loaded.tokenizer, loaded.metadata
+    from .gguf_loader import load_llama_gguf  # deferred: the gguf library is slow to import
+
+    config, weights, gguf = load_llama_gguf(path)
+    return config, weights, tokenizer_from_metadata(gguf.metadata), gguf.metadata
 
 
 def _magic(path: Path) -> bytes:

@@ -1,0 +1,261 @@
+"""Hugging Face Llama checkpoints: ``config.json`` -> LlamaConfig, and the (sharded) safetensors weights.
+
+Hugging Face stores q/k rows in rotate-half order, which is perfx's order, so no rows move. fp16 and fp32
+tensors load as views of the mapped files; bf16 widens exactly to float32.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..config import LayerWeights, LlamaConfig, LlamaWeights, RopeScaling
+from ..errors import ModelFormatError
+from ..weights import SUPPORTED_GROUP_SIZES, DenseWeight, Weight, quantize_rtn
+from .safetensors_io import SafetensorsFile, bf16_to_f32
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral")
+FLOAT_DTYPES = ("F32", "F16", "BF16")
+
+# perfx's names for one block's tensors -> the Hugging Face module path under model.layers.{i}.
+LAYER_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "wq": "self_attn.q_proj",
+    "wk": "self_attn.k_proj",
+    "wv": "self_attn.v_proj",
+    "wo": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "w_gate": "mlp.gate_proj",
+    "w_up": "mlp.up_proj",
+    "w_down": "mlp.down_proj",
+}
+LINEARS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except OSError as e:
+        raise ModelFormatError(f"cannot read {path}: {e.strerror or e}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelFormatError(f"{path} is not valid JSON ({e}); re-download the model") from None
+    if not isinstance(value, dict):
+        raise ModelFormatError(f"{path} must hold a JSON object")
+    return value
+
+
+def config_from_hf(raw: dict[str, Any], where: str) -> LlamaConfig:
+    """LlamaConfig from a Hugging Face ``config.json`` dict; ModelFormatError for other architectures."""
+    model_type = raw.get("model_type")
+    archs = raw.get("architectures") or []
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelFormatError(
+            f"{where}: model_type {model_type!r} ({', '.join(map(str, archs)) or 'no architectures'}) is not a "
+            f"Llama-family model; perfx converts {', '.join(SUPPORTED_MODEL_TYPES)} checkpoints"
+        )
+    if raw.get("attention_bias") or raw.get("mlp_bias"):
+        raise ModelFormatError(f"{where}: attention/MLP biases are not supported; use a plain Llama checkpoint")
+    if model_type == "mistral" and raw.get("sliding_window") not in (None, 0):
+        raise ModelFormatError(f"{where}: sliding-window attention is not supported")
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ModelFormatError(f"{where}: activation {raw.get('hidden_act')!r} is not supported (perfx runs SiLU)")
+
+    def need(key: str, kind: type = int) -> Any:
+        value = raw.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool) or value <= 0:
+            raise ModelFormatError(f"{where}: {key!r} is {value!r}, expected a positive {kind.__name__}")
+        return value
+
+    dim, n_heads = need("hidden_size"), need("num_attention_heads")
+    n_kv = raw.get("num_key_value_heads") or n_heads
+    head_dim = raw.get("head_dim") or dim // n_heads
+    rope_params = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
+    scaling_raw = raw.get("rope_scaling") or (
+        rope_params if rope_params.get("rope_type") not in (None, "default") else None
+    )
+    theta = raw.get("rope_theta", rope_params.get("rope_theta", 10000.0))
+    scaling = None
+    if scaling_raw:
+        kind = scaling_raw.get("rope_type", scaling_raw.get("type"))
+        if kind == "llama3":
+            scaling = RopeScaling(
+                factor=float(scaling_raw["factor"]),
+                low_freq_factor=float(scaling_raw.get("low_freq_factor", 1.0)),
+                high_freq_factor=float(scaling_raw.get("high_freq_factor", 4.0)),
+                original_context_length=int(scaling_raw["original_max_position_embeddings"]),
+            )
+        elif kind not in (None, "default"):
+            raise ModelFormatError(f"{where}: RoPE scaling {kind!r} is not supported (only 'llama3')")
+    if n_heads % n_kv or head_dim % 2:
+        raise ModelFormatError(f"{where}: {n_heads} heads / {n_kv} kv heads / head_dim {head_dim} are inconsistent")
+    return LlamaConfig(
+        vocab_size=need("vocab_size"),
+        dim=dim,
+        n_layers=need("num_hidden_layers"),
+        n_heads=n_heads,
+        n_kv_heads=int(n_kv),
+        head_dim=int(head_dim),
+        ffn_dim=need("intermediate_size"),
+        norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(theta),
+        context_length=int(raw.get("max_position_embeddings", 2048)),
+        rope_scaling=scaling,
+        tied_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        name=str(raw.get("_name_or_path", "")),
+    )
+
+
+def expected_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """perfx name -> shape of one block's tensors."""
+    d, f = config.dim, config.ffn_dim
+    return {
+        "attn_norm": (d,),
+        "wq": (config.q_dim, d),
+        "wk": (config.kv_dim, d),
+        "wv": (config.kv_dim, d),
+        "wo": (d, config.q_dim),
+        "ffn_norm": (d,),
+        "w_gate": (f, d),
+        "w_up": (f, d),
+        "w_down": (d, f),
+    }
+
+
+class HFCheckpoint:
+    """The safetensors tensors of a Hugging Face directory (one file or shards with an index), mapped lazily."""
+
+    def __init__(self, directory: str | os.PathLike[str]):
+        self.dir = Path(directory)
+        config_path = self.dir / "config.json"
+        if not config_path.is_file():
+            raise ModelFormatError(f"{self.dir} has no config.json; it is not a Hugging Face model directory")
+        self.raw_config = read_json(config_path)
+        index_path = self.dir / "model.safetensors.index.json"
+        if index_path.is_file():
+            weight_map = read_json(index_path).get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise ModelFormatError(f"{index_path} has no 'weight_map'; re-download the model")
+            self._where = {str(k): str(v) for k, v in weight_map.items()}
+        else:
+            files = sorted(p.name for p in self.dir.glob("*.safetensors"))
+            if not files:
+                raise ModelFormatError(
+                    f"{self.dir} has no *.safetensors weights (PyTorch .bin files are not supported; "
+                    "convert them with transformers' save_pretrained(safe_serialization=True))"
+                )
+            self._where = {}
+            for name in files:
+                for key in SafetensorsFile(self.dir / name).keys():
+                    self._where[key] = name
+        missing = sorted({f for f in self._where.values() if not (self.dir / f).is_file()})
+        if missing:
+            raise ModelFormatError(
+                f"{self.dir}: shard {missing[0]} listed in model.safetensors.index.json is missing"
+                f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; the download is incomplete"
+            )
+        self._files: dict[str, SafetensorsFile] = {}
+        biases = [k for k in self._where if k.startswith("model.layers.") and k.endswith(".bias")]
+        if biases:
+            raise ModelFormatError(
+                f"{self.dir} has bias tensors ({biases[0]}, ...), which perfx's Llama does not use; "
+                "it would compute wrong outputs. Use a plain Llama checkpoint"
+            )
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def release(self) -> None:
+        """Unmap the shards (once no view of them is left), so pages read so far stop counting as resident."""
+        self._files.clear()
+
+    def keys(self) -> list[str]:
+        return list(self._where)
+
+    def raw(self, name: str) -> tuple[np.ndarray, str]:
+        """(view of the stored tensor, safetensors dtype name)."""
+        shard = self._where.get(name)
+        if shard is None:
+            raise ModelFormatError(f"{self.dir} has no tensor {name!r}; check that the checkpoint is complete")
+        f = self._files.get(shard)
+        if f is None:
+            f = self._files[shard] = SafetensorsFile(self.dir / shard)
+        if name not in f:
+            raise ModelFormatError(f"{self.dir / shard} lacks tensor {name!r}, which the index puts there")
+        return f.get(name), f.entries[name].dtype
+
+    def array(
+        self, name: str, shape: tuple[int, ...], dtypes: tuple[str, ...] = FLOAT_DTYPES
+    ) -> tuple[np.ndarray, str]:
+        """A float tensor checked for shape and dtype; a view where the dtype allows."""
+        data, dtype = self.raw(name)
+        if dtype not in dtypes:
+            raise ModelFormatError(
+                f"{self.dir}: tensor {name!r} has dtype {dtype}; perfx expects one of {', '.join(dtypes)} here"
+            )
+        if data.shape != shape:
+            raise ModelFormatError(
+                f"{self.dir}: tensor {name!r} has shape {data.shape}, but config.json implies {shape}"
+            )
+        return data, dtype
+
+    def float32(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        """A float tensor as a new float32 array."""
+        data, dtype = self.array(name, shape)
+        return bf16_to_f32(data) if dtype == "BF16" else np.array(data, dtype=np.float32)
+
+    def weight(self, name: str, shape: tuple[int, int]) -> DenseWeight:
+        """fp16/fp32 stay views of the file; bf16 widens to float32."""
+        data, dtype = self.array(name, shape)
+        return DenseWeight(bf16_to_f32(data) if dtype == "BF16" else data)
+
+
+def hf_name(perfx_name: str, layer: int | None = None) -> str:
+    """The checkpoint key of a perfx tensor name ('token_embedding', 'norm', 'output' or a block's part)."""
+    top = {"token_embedding": "model.embed_tokens.weight", "norm": "model.norm.weight", "output": "lm_head.weight"}
+    if layer is None:
+        return top[perfx_name]
+    return f"model.layers.{layer}.{LAYER_TENSORS[perfx_name]}.weight"
+
+
+def pick_group_size(cols: int, wanted: int) -> int:
+    """``wanted`` if it divides ``cols``, else the largest smaller supported size that does."""
+    for g in sorted(SUPPORTED_GROUP_SIZES, reverse=True):
+        if g <= wanted and cols % g == 0:
+            return g
+    raise ModelFormatError(f"no supported int4 group size ({SUPPORTED_GROUP_SIZES}) divides {cols} input columns")
+
+
+def load_hf_directory(
+    directory: str | os.PathLike[str], quantize: str | None = None, group_size: int = 128
+) -> tuple[LlamaConfig, LlamaWeights]:
+    """A Hugging Face float checkpoint as perfx weights: dense views, or int4 with ``quantize="rtn"``."""
+    if quantize not in (None, "rtn"):
+        raise ModelFormatError(f"quantize={quantize!r} on load is not supported; use 'rtn' or run `perfx quantize`")
+    ckpt = HFCheckpoint(directory)
+    config = config_from_hf(ckpt.raw_config, str(ckpt.dir))
+    shapes = expected_shapes(config)
+
+    def linear(name: str, layer: int) -> Weight:
+        shape = shapes[name]
+        if quantize == "rtn":
+            return quantize_rtn(ckpt.float32(hf_name(name, layer), shape), pick_group_size(shape[1], group_size))
+        return ckpt.weight(hf_name(name, layer), shape)  # type: ignore[arg-type]
+
+    layers = []
+    for i in range(config.n_layers):
+        parts: dict[str, Any] = {n: ckpt.float32(hf_name(n, i), shapes[n]) for n in ("attn_norm", "ffn_norm")}
+        parts.update({n: linear(n, i) for n in LINEARS})
+        layers.append(LayerWeights(**parts))
+    vocab = (config.vocab_size, config.dim)
+    embedding = ckpt.weight(hf_name("token_embedding"), vocab)
+    tied = config.tied_embeddings or hf_name("output") not in ckpt
+    output = embedding if tied else ckpt.weight(hf_name("output"), vocab)
+    weights = LlamaWeights(embedding, layers, ckpt.float32(hf_name("norm"), (config.dim,)), output)
+    if quantize == "rtn":
+        weights.notes.append("linear layers were quantized to int4 on load (round-to-nearest)")
+    return config, weights
