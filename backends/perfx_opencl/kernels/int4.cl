@@ -135,28 +135,34 @@ __kernel __attribute__((reqd_work_group_size(RW, KS, 1))) void int4_gemv_silu(
     }
 }
 
-// Tiled int4 GEMM for prefill: a 16x16 work-group computes a 64 (tokens) x 64 (rows) block of out, 4x4 per
-// thread, so each value read from local memory feeds 4 multiply-adds. Each k step stages one chunk (32
-// columns) of x and of the dequantized weights in local memory. Global size (m / 4, n / 4) rounded to 16.
-#define TILE 64
+// Tiled int4 GEMM for prefill: a 16x16 work-group computes a 64 (tokens) x TR (rows) block of out, 4 x RPT
+// per thread (TR = 16 * RPT), so each value read from local memory feeds several multiply-adds. Each k step
+// stages one chunk (32 columns) of x and of the dequantized weights in local memory.
+// Global size (m / RPT, n / 4) rounded up to whole work-groups.
+#ifndef RPT
+#define RPT 4  // rows per thread
+#endif
+#define TT 64  // tokens per work-group
+#define TR (16 * RPT)  // rows per work-group
 #define KT 32
 __kernel __attribute__((reqd_work_group_size(16, 16, 1))) void int4_gemm(
     __global const uint* packed, __global const half* scale, __global const float* bias, __global const float* x,
     int x_off, __global float* out, int out_off, int n, int m, int k, int group_shift) {
-    __local float xs[TILE][KT + 1];  // [token][kk], +1 against bank conflicts
-    __local float ws[TILE][KT + 1];  // [row][kk]
+    __local float xs[TT][KT + 1];  // [token][kk], +1 against bank conflicts
+    __local float ws[TR][KT + 1];  // [row][kk]
     const int tx = get_local_id(0), ty = get_local_id(1), tid = ty * 16 + tx;
-    const int row0 = get_group_id(0) * TILE, token0 = get_group_id(1) * TILE;
-    float acc[4][4];
+    const int row0 = get_group_id(0) * TR, token0 = get_group_id(1) * TT;
+    float acc[4][RPT];
     for (int j = 0; j < 4; ++j)
-        for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+        for (int i = 0; i < RPT; ++i) acc[j][i] = 0.0f;
     for (int k0 = 0; k0 < k; k0 += KT) {
-        for (int e = tid; e < TILE * KT; e += 256) {
+        for (int e = tid; e < TT * KT; e += 256) {
             const int t = e / KT, kk = e % KT, token = token0 + t;
             xs[t][kk] = token < n ? x[x_off + token * k + k0 + kk] : 0.0f;
         }
-        {  // 64 rows x 4 words of the chunk: one word (8 codes) per thread, consecutive threads, consecutive words
-            const int r = tid >> 2, word = tid & 3, row = row0 + r;
+        // TR rows x 4 words of the chunk: consecutive threads read consecutive words (8 codes each).
+        for (int e = tid; e < TR * 4; e += 256) {
+            const int r = e >> 2, word = e & 3, row = row0 + r;
             if (row < m) {
                 const uint w = packed[((size_t)(k0 >> 5) * m + row) * 4 + word];
                 const size_t g = (size_t)(k0 >> group_shift) * m + row;
@@ -168,17 +174,17 @@ __kernel __attribute__((reqd_work_group_size(16, 16, 1))) void int4_gemm(
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int kk = 0; kk < KT; ++kk) {
-            float a[4], b[4];
+            float a[4], b[RPT];
             for (int j = 0; j < 4; ++j) a[j] = xs[ty + 16 * j][kk];
-            for (int i = 0; i < 4; ++i) b[i] = ws[tx + 16 * i][kk];
+            for (int i = 0; i < RPT; ++i) b[i] = ws[tx + 16 * i][kk];
             for (int j = 0; j < 4; ++j)
-                for (int i = 0; i < 4; ++i) acc[j][i] += a[j] * b[i];
+                for (int i = 0; i < RPT; ++i) acc[j][i] += a[j] * b[i];
         }
         barrier(CLK_LOCAL_MEM_FENCE);
     }
     for (int j = 0; j < 4; ++j) {
         const int t = token0 + ty + 16 * j;
-        for (int i = 0; i < 4; ++i) {
+        for (int i = 0; i < RPT; ++i) {
             const int r = row0 + tx + 16 * i;
             if (t < n && r < m) out[out_off + t * m + r] = acc[j][i];
         }
