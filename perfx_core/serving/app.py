@@ -1,0 +1,352 @@
+"""The Starlette app: OpenAI routes, /health, /metrics, API-key and body-size checks, SSE streaming.
+
+The model loads in a background thread once the server listens (/health answers 503 until then); the
+scheduler thread then owns it. Each request gets an asyncio.Queue that the scheduler fills through
+``loop.call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from .config import ServerConfig
+from .metrics import CONTENT_TYPE, ServerMetrics
+from .protocol import APIError, ParsedRequest, ResponseBuilder, parse_request
+from .scheduler import Failed, Finished, GenerationRequest, QueueFullError, Scheduler, TextDelta
+
+log = logging.getLogger("perfx.serving")
+DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks whether its client is still there
+
+
+def error_response(error: APIError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+class ServerState:
+    """What the routes share: config, metrics, and (once loaded) the model and its scheduler."""
+
+    def __init__(self, config: ServerConfig, on_load_failed: Callable[[BaseException], None] | None):
+        self.config = config
+        self.metrics = ServerMetrics()
+        self.model: Any = None
+        self.scheduler: Scheduler | None = None
+        self.load_error: str | None = None
+        self.on_load_failed = on_load_failed
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def load(self) -> None:
+        """Runs in a background thread: load the model, then start the scheduler that owns it."""
+        import perfx_core
+
+        c = self.config
+        try:
+            started = time.perf_counter()
+            model = perfx_core.load(
+                c.model_path,
+                backend=c.backend,
+                device=c.device,
+                context_length=c.context_length,
+                n_slots=c.max_running,
+                prefill_chunk=c.prefill_chunk,
+            )
+            scheduler = Scheduler(
+                model.engine,
+                model.tokenizer,
+                max_queue=c.max_queue,
+                prefill_chunk=c.prefill_chunk,
+                metrics=self.metrics,
+            )
+            with self._lock:
+                if self._closed:  # the server stopped while we were loading
+                    model.close()
+                    return
+                self.model, self.scheduler = model, scheduler
+                self.metrics.attach(scheduler)
+                scheduler.start()
+            log.info(
+                "loaded %s on %s in %.1f s; serving %d slots of %d tokens",
+                c.model_path.name,
+                model.backend,
+                time.perf_counter() - started,
+                c.max_running,
+                model.context_length,
+            )
+        except BaseException as exc:
+            self.load_error = f"{type(exc).__name__}: {exc}"
+            log.error("the model failed to load: %s", self.load_error)
+            if self.on_load_failed is not None:
+                self.on_load_failed(exc)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            scheduler, model = self.scheduler, self.model
+        if scheduler is not None:
+            scheduler.stop()
+        if model is not None:
+            model.close()
+
+    def ready_scheduler(self) -> Scheduler:
+        if self.scheduler is None:
+            why = f"the model failed to load ({self.load_error})" if self.load_error else "the model is still loading"
+            raise APIError(503, f"{why}; poll /health until it answers 200", type="server_error", code="not_ready")
+        return self.scheduler
+
+
+class GuardMiddleware:
+    """API key on every route but /health (401), and the request body size limit (413)."""
+
+    def __init__(self, app: ASGIApp, config: ServerConfig):
+        self.app, self.config = app, config
+        self._expected = f"Bearer {config.api_key}".encode() if config.api_key else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        if self._expected is not None and scope["path"] != "/health":
+            if not hmac.compare_digest(headers.get(b"authorization", b""), self._expected):
+                error = APIError(
+                    401,
+                    "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                    type="authentication_error",
+                    code="invalid_api_key",
+                )
+                await error_response(error)(scope, receive, send)
+                return
+        length = headers.get(b"content-length", b"0")
+        if not length.isdigit() or int(length) > self.config.max_body_bytes:
+            await error_response(self._too_large())(scope, receive, send)
+            return
+        await self.app(scope, self._limited(receive), send)
+
+    def _too_large(self) -> APIError:
+        return APIError(413, f"the request body exceeds {self.config.max_body_bytes} bytes", code="request_too_large")
+
+    def _limited(self, receive: Receive) -> Receive:
+        """Counts bytes of bodies sent without (or with a false) Content-Length."""
+        seen = 0
+
+        async def limited() -> dict:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.config.max_body_bytes:
+                    raise APIError(413, self._too_large().message, code="request_too_large")
+            return message
+
+        return limited
+
+
+async def _read_json(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+
+
+def _sse(data: Any) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+class _Stream:
+    """One request's hand-off from the scheduler thread to the event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.queue: asyncio.Queue = asyncio.Queue()
+
+    def emit(self, event: Any) -> None:  # scheduler thread
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        except RuntimeError:  # the loop is closed: the server is gone, nobody is listening
+            pass
+
+
+class _GenerationResponse(StreamingResponse):
+    """An SSE response that cancels its generation however it ends, even if the client left before the body
+    iterator started (an async generator that never ran has no ``finally`` to run)."""
+
+    def __init__(self, content: AsyncIterator[str], job: GenerationRequest, scheduler: Scheduler):
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.job, self.scheduler = job, scheduler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancel()  # a no-op for a finished request: the scheduler has already let it go
+            self.scheduler.wake()
+
+
+def create_app(config: ServerConfig, on_load_failed: Callable[[BaseException], None] | None = None) -> ASGIApp:
+    """The ASGI app serving ``config.model_path``. ``on_load_failed`` is called (in the loader thread) on failure."""
+    state = ServerState(config, on_load_failed)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        threading.Thread(target=state.load, name="perfx-model-loader", daemon=True).start()
+        yield
+        await asyncio.get_running_loop().run_in_executor(None, state.close)
+
+    async def health(request: Request) -> Response:
+        if state.scheduler is not None:
+            return JSONResponse({"status": "ok", "model": config.model_id})
+        status = "error" if state.load_error else "loading"
+        return JSONResponse({"status": status, "error": state.load_error}, status_code=503)
+
+    async def metrics(request: Request) -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+    async def models(request: Request) -> Response:
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": config.model_id,
+                        "object": "model",
+                        "created": int(config.model_path.stat().st_mtime),
+                        "owned_by": "perfx",
+                        "max_model_len": state.model.context_length if state.model else None,
+                    },
+                ],
+            }
+        )
+
+    async def completions(request: Request) -> Response:
+        return await _generate(request, chat=False)
+
+    async def chat_completions(request: Request) -> Response:
+        return await _generate(request, chat=True)
+
+    async def _generate(request: Request, chat: bool) -> Response:
+        try:
+            scheduler = state.ready_scheduler()
+            body = await _read_json(request)
+            parsed = parse_request(body, chat=chat, model_id=config.model_id, model=state.model)
+        except APIError as error:
+            state.metrics.requests_rejected.labels(str(error.status)).inc()
+            return error_response(error)
+        stream = _Stream(asyncio.get_running_loop())
+        job = GenerationRequest(
+            parsed.prompt_ids,
+            parsed.max_tokens,
+            parsed.sampling,
+            stream.emit,
+            stop=parsed.stop,
+            ignore_eos=parsed.ignore_eos,
+        )
+        try:
+            scheduler.submit(job)
+        except QueueFullError as exc:
+            state.metrics.requests_rejected.labels("429").inc()
+            return error_response(APIError(429, str(exc), type="rate_limit_error", code="queue_full"))
+        builder = ResponseBuilder(parsed)
+        if parsed.stream:
+            return _GenerationResponse(_stream_events(scheduler, job, stream, parsed, builder), job, scheduler)
+        return await _whole_response(request, scheduler, job, stream, builder)
+
+    async def _whole_response(
+        request: Request, scheduler: Scheduler, job: GenerationRequest, stream: _Stream, builder: ResponseBuilder
+    ) -> Response:
+        pieces: list[str] = []
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(stream.queue.get(), DISCONNECT_POLL_S)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        _cancel(scheduler, job)
+                        return Response(status_code=499)
+                    continue
+                if isinstance(event, TextDelta):
+                    pieces.append(event.text)
+                elif isinstance(event, Finished):
+                    return JSONResponse(
+                        builder.whole(
+                            "".join(pieces), event.finish_reason, event.prompt_tokens, event.completion_tokens
+                        )
+                    )
+                elif isinstance(event, Failed):
+                    return error_response(APIError(500, event.message, type="server_error"))
+        except BaseException:
+            _cancel(scheduler, job)
+            raise
+
+    async def _stream_events(
+        scheduler: Scheduler, job: GenerationRequest, stream: _Stream, parsed: ParsedRequest, builder: ResponseBuilder
+    ) -> AsyncIterator[str]:
+        finished = False
+        try:
+            if parsed.chat:
+                yield _sse(builder.chunk(None, first=True))
+            while True:
+                event = await stream.queue.get()
+                if isinstance(event, TextDelta):
+                    yield _sse(builder.chunk(event.text))
+                elif isinstance(event, Finished):
+                    finished = True
+                    yield _sse(builder.chunk(None, event.finish_reason))
+                    if parsed.include_usage:
+                        yield _sse(builder.usage_chunk(event.prompt_tokens, event.completion_tokens))
+                    break
+                elif isinstance(event, Failed):
+                    finished = True
+                    yield _sse(APIError(500, event.message, type="server_error").body())
+                    break
+            yield "data: [DONE]\n\n"
+        finally:
+            if not finished:  # the client went away (the send failed or Starlette cancelled us)
+                _cancel(scheduler, job)
+
+    def _cancel(scheduler: Scheduler, job: GenerationRequest) -> None:
+        job.cancel()
+        scheduler.wake()
+
+    async def on_http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return error_response(
+            APIError(
+                exc.status_code,
+                str(exc.detail),
+                type="not_found_error" if exc.status_code == 404 else "invalid_request_error",
+            )
+        )
+
+    async def on_api_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, APIError)
+        return error_response(exc)
+
+    app = Starlette(
+        routes=[
+            Route("/health", health),
+            Route("/metrics", metrics),
+            Route("/v1/models", models),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        ],
+        exception_handlers={HTTPException: on_http_error, APIError: on_api_error},
+        lifespan=lifespan,
+    )
+    app.state.perfx = state
+    return GuardMiddleware(app, config)

@@ -1,0 +1,93 @@
+"""``perfx serve``: the command-line entry point of the OpenAI-compatible server (wired into perfx_core.cli)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+
+from ..errors import InvalidArgumentError
+from .config import DEFAULT_MAX_BODY_BYTES, ServeError, ServerConfig
+
+
+def add_commands(subparsers) -> None:
+    """Add the ``serve`` subcommand to an argparse subparsers object."""
+    serve = subparsers.add_parser(
+        "serve", help="serve a model over an OpenAI-compatible HTTP API with continuous batching"
+    )
+    serve.add_argument("model", nargs="?", help="model file (default: $PERFX_MODEL or the bundled SmolLM2-135M)")
+    serve.add_argument("--backend", "-b", default="numpy", help="backend name (see `perfx backends`)")
+    serve.add_argument("--device", "-d", help="device index or name (default: the backend's best)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: localhost only)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--max-running", type=int, default=8, help="sequences decoded together (KV-cache slots)")
+    serve.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot before 429")
+    serve.add_argument("--context", type=int, help="KV-cache length per slot in tokens (default: min(model, 4096))")
+    serve.add_argument("--prefill-chunk", type=int, default=64, help="prompt tokens prefilled per scheduler step")
+    serve.add_argument(
+        "--api-key",
+        default=os.environ.get("PERFX_API_KEY") or None,
+        help="require 'Authorization: Bearer KEY' on every route but /health (default: $PERFX_API_KEY)",
+    )
+    serve.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="larger bodies get 413")
+    serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    serve.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from ..default_model import resolve_model_path
+
+    try:
+        import uvicorn
+
+        from .app import create_app
+    except ImportError as exc:
+        raise ServeError(f"`perfx serve` needs {exc.name}: pip install 'perfx[serve]'") from None
+    if not 0 <= args.port <= 65535:
+        raise InvalidArgumentError(f"--port must be in 0..65535; got {args.port}")
+    device = int(args.device) if args.device is not None and args.device.isdigit() else args.device
+    config = ServerConfig(
+        model_path=resolve_model_path(args.model),  # a missing model fails now, not after the server is up
+        backend=args.backend,
+        device=device,
+        context_length=args.context,
+        max_running=args.max_running,
+        max_queue=args.max_queue,
+        prefill_chunk=args.prefill_chunk,
+        api_key=args.api_key,
+        max_body_bytes=args.max_body_bytes,
+    )
+    _check_port_free(args.host, args.port)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
+    load_errors: list[BaseException] = []
+    server: uvicorn.Server | None = None
+
+    def on_load_failed(exc: BaseException) -> None:
+        load_errors.append(exc)
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(config, on_load_failed=on_load_failed)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    )
+    server.run()
+    if load_errors:
+        raise ServeError(f"the model failed to load: {load_errors[0]}")
+    return 0
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """uvicorn exits the process when it cannot bind; say so as a perfx error before loading anything."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ServeError(f"cannot resolve --host {host!r}: {exc}") from None
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise ServeError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port") from None

@@ -1,0 +1,45 @@
+"""Server settings, validated once, shared by the CLI, the app and the scheduler."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import InvalidArgumentError, PerfxError
+
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+
+
+class ServeError(PerfxError):
+    """The server cannot start or serve: the port is taken, the model failed to load, a dependency is missing."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model_path: Path
+    backend: str = "numpy"
+    device: int | str | None = None
+    context_length: int | None = None  # KV-cache length per slot; None: min(model, 4096)
+    max_running: int = 8  # sequences decoded together; one KV-cache slot each
+    max_queue: int = 64  # requests waiting for a slot; more get 429
+    prefill_chunk: int = 64  # prompt tokens prefilled per scheduler iteration
+    api_key: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+    def __post_init__(self) -> None:
+        for name in ("max_running", "prefill_chunk", "max_body_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise InvalidArgumentError(f"{name.replace('_', '-')} must be an integer >= 1; got {value!r}")
+        if not isinstance(self.max_queue, int) or self.max_queue < 0:
+            raise InvalidArgumentError(f"max-queue must be an integer >= 0; got {self.max_queue!r}")
+        if self.context_length is not None and self.context_length < 2:
+            raise InvalidArgumentError(f"context must be at least 2 tokens; got {self.context_length}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise InvalidArgumentError("the API key is empty: pass a non-empty --api-key or unset PERFX_API_KEY")
+
+    @property
+    def model_id(self) -> str:
+        """The name clients put in ``model``: the file name without ``.gguf``."""
+        name = self.model_path.name
+        return name[: -len(".gguf")] if name.lower().endswith(".gguf") else name

@@ -1,0 +1,66 @@
+"""Prometheus metrics of one server: load, tokens in and out, latency histograms and KV-cache slot use."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+if TYPE_CHECKING:
+    from .scheduler import Scheduler
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10, 30, 60)
+
+
+class ServerMetrics:
+    """The metrics, in a registry of their own so several servers can live in one process (tests)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self._scheduler: Scheduler | None = None
+        r = self.registry
+        self.prompt_tokens = Counter("perfx_prompt_tokens", "Prompt tokens admitted for prefill", registry=r)
+        self.generation_tokens = Counter("perfx_generation_tokens", "Tokens generated", registry=r)
+        self.requests_finished = Counter(
+            "perfx_requests_finished", "Requests ended, by finish reason", ["finish_reason"], registry=r
+        )
+        self.requests_rejected = Counter(
+            "perfx_requests_rejected", "Requests refused before queueing, by HTTP status", ["status"], registry=r
+        )
+        self.time_to_first_token = Histogram(
+            "perfx_time_to_first_token_seconds",
+            "From request arrival to its first token",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inter_token_latency = Histogram(
+            "perfx_inter_token_latency_seconds",
+            "Between consecutive tokens of one request",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.decode_batch_size = Histogram(
+            "perfx_decode_batch_size",
+            "Sequences in each batched decode step",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+            registry=r,
+        )
+        self._gauge("perfx_model_loaded", "1 once the model is loaded and serving", lambda s: 1)
+        self._gauge("perfx_requests_running", "Requests holding a KV-cache slot", lambda s: s.running)
+        self._gauge("perfx_requests_waiting", "Requests queued for a slot", lambda s: s.waiting)
+        self._gauge("perfx_kv_cache_slots_used", "KV-cache slots in use", lambda s: s.slots_used)
+        self._gauge("perfx_kv_cache_slots_total", "KV-cache slots (= --max-running)", lambda s: s.n_slots)
+        self._gauge("perfx_max_decode_batch_size", "Largest decode batch so far", lambda s: s.max_batch_size)
+
+    def _gauge(self, name: str, doc: str, read: Callable[[Scheduler], float]) -> None:
+        gauge = Gauge(name, doc, registry=self.registry)
+        gauge.set_function(lambda: float(read(self._scheduler)) if self._scheduler is not None else 0.0)
+
+    def attach(self, scheduler: Scheduler) -> None:
+        self._scheduler = scheduler
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,255 @@
+"""Load-test `perfx serve` on localhost: requests/s, output tokens/s, TTFT and inter-token latency per concurrency.
+
+    python scripts/bench_serving.py                      # starts its own server (the default model, numpy)
+    python scripts/bench_serving.py --url http://127.0.0.1:8000 --api-key KEY
+    PERFX_DISABLE_PLUGINS=lowmem-int4 python scripts/bench_serving.py --concurrency 1,4,16 --max-tokens 32
+
+Bounded on purpose: a fixed number of streaming /v1/completions requests per concurrency level (greedy,
+``ignore_eos`` so every request generates exactly --max-tokens tokens), no new requests after --time-limit
+seconds, and only loopback addresses. Inter-token latency is the gap between consecutive streamed chunks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urlparse
+
+import httpx
+import numpy as np
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle. Story {i}:"
+
+
+@dataclass
+class RequestResult:
+    ok: bool
+    ttft_s: float = 0.0
+    gaps_s: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    error: str = ""
+
+
+async def one_request(client: httpx.AsyncClient, url: str, i: int, max_tokens: int) -> RequestResult:
+    body = {
+        "prompt": PROMPT.format(i=i),
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    start = time.perf_counter()
+    result = RequestResult(ok=False)
+    last = None
+    async with client.stream("POST", url + "/v1/completions", json=body) as response:
+        if response.status_code != 200:
+            result.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
+            return result
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                result.output_tokens = chunk["usage"]["completion_tokens"]
+            if chunk.get("choices") and chunk["choices"][0].get("text"):
+                now = time.perf_counter()
+                if last is None:
+                    result.ttft_s = now - start
+                else:
+                    result.gaps_s.append(now - last)
+                last = now
+    result.ok = result.output_tokens > 0
+    return result
+
+
+async def run_level(
+    url: str, headers: dict, concurrency: int, n_requests: int, max_tokens: int, time_limit: float
+) -> dict:
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(n_requests):
+        queue.put_nowait(i)
+    results: list[RequestResult] = []
+    deadline = time.perf_counter() + time_limit
+    limits = httpx.Limits(max_connections=concurrency + 1)
+    async with httpx.AsyncClient(headers=headers, timeout=600, limits=limits) as client:
+
+        async def worker() -> None:
+            while time.perf_counter() < deadline:
+                try:
+                    i = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                try:
+                    results.append(await one_request(client, url, i, max_tokens))
+                except httpx.HTTPError as exc:
+                    results.append(RequestResult(ok=False, error=f"{type(exc).__name__}: {exc}"))
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - start
+    ok = [r for r in results if r.ok]
+    ttft = [r.ttft_s for r in ok]
+    gaps = [g for r in ok for g in r.gaps_s]
+
+    def pct(values: list[float], q: float) -> float | None:
+        return round(float(np.percentile(values, q)) * 1e3, 1) if values else None
+
+    return {
+        "concurrency": concurrency,
+        "requests": len(ok),
+        "failed": len(results) - len(ok),
+        "errors": sorted({r.error for r in results if not r.ok})[:3],
+        "wall_s": round(wall, 2),
+        "requests_per_s": round(len(ok) / wall, 3),
+        "output_tokens_per_s": round(sum(r.output_tokens for r in ok) / wall, 1),
+        "ttft_ms_p50": pct(ttft, 50),
+        "ttft_ms_p99": pct(ttft, 99),
+        "itl_ms_p50": pct(gaps, 50),
+        "itl_ms_p99": pct(gaps, 99),
+    }
+
+
+def engine_ceiling(model: str | None, batch: int, steps: int = 8) -> dict:
+    """Decode tokens/s of the bare engine (no server) at batch 1 and ``batch``: the most batching can give."""
+    import perfx_core
+
+    m = perfx_core.load(model, n_slots=batch, context_length=64)
+    out = {}
+    try:
+        for b in (1, batch):
+            for slot in range(b):
+                m.engine.prefill([1, 2, 3], slot, 0)
+            m.engine.decode([5] * b, list(range(b)), [3] * b)  # warm-up
+            start = time.perf_counter()
+            for i in range(steps):
+                m.engine.decode([5] * b, list(range(b)), [4 + i] * b)
+            out[f"batch_{b}_tokens_per_s"] = round(b * steps / (time.perf_counter() - start), 1)
+    finally:
+        m.close()
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "perfx_core.serving",
+        "--port",
+        str(port),
+        "--backend",
+        args.backend,
+        "--max-running",
+        str(args.max_running),
+        "--max-queue",
+        str(max(args.concurrency)),
+        "--context",
+        str(args.context),
+        "--log-level",
+        "warning",
+    ]
+    if args.model:
+        command.insert(3, args.model)
+    env = {k: v for k, v in os.environ.items() if k != "PERFX_API_KEY"}
+    process = subprocess.Popen(command, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"the server exited with code {process.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return process, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    process.terminate()
+    raise SystemExit("the server did not become healthy within 120 s")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", help="an already running server on localhost (default: start one)")
+    parser.add_argument("--api-key", default=os.environ.get("PERFX_API_KEY"))
+    parser.add_argument("--model", help="model for the server this script starts")
+    parser.add_argument("--backend", default="numpy")
+    parser.add_argument("--max-running", type=int, default=16, help="--max-running of the started server")
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--concurrency", default="1,4,16,64", help="comma-separated levels")
+    parser.add_argument("--requests", type=int, help="requests per level (default: max(4, 2 x concurrency))")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--time-limit", type=float, default=120, help="seconds per level before no new requests")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument(
+        "--engine-ceiling",
+        action="store_true",
+        help="also time the bare engine's decode at batch 1 and 16 (in this process, after the load)",
+    )
+    args = parser.parse_args()
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    if args.url and urlparse(args.url).hostname not in LOOPBACK:
+        parser.error("--url must be a loopback address: this load generator only targets localhost")
+    process, url = (None, args.url.rstrip("/")) if args.url else start_server(args)
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    try:
+        asyncio.run(run_level(url, headers, 1, 1, 4, 60))  # warm-up: first-call costs out of the numbers
+        levels = [
+            asyncio.run(run_level(url, headers, c, args.requests or max(4, 2 * c), args.max_tokens, args.time_limit))
+            for c in args.concurrency
+        ]
+        metrics = httpx.get(url + "/metrics", headers=headers, timeout=10).text
+    finally:
+        if process is not None:
+            process.terminate()
+            process.wait(30)
+    ceiling = engine_ceiling(args.model, 16) if args.engine_ceiling else None
+    max_batch = next(
+        (line.split()[-1] for line in metrics.splitlines() if line.startswith("perfx_max_decode_batch_size ")), "?"
+    )
+    if args.json:
+        print(json.dumps({"levels": levels, "max_decode_batch_size": max_batch, "engine": ceiling}, indent=2))
+        return 0
+    print(
+        f"{'conc':>5} {'reqs':>5} {'fail':>4} {'req/s':>7} {'out tok/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} "
+        f"{'ITL p50':>8} {'ITL p99':>8}  (ms)"
+    )
+    for r in levels:
+        print(
+            f"{r['concurrency']:>5} {r['requests']:>5} {r['failed']:>4} {r['requests_per_s']:>7} "
+            f"{r['output_tokens_per_s']:>9} {r['ttft_ms_p50']!s:>9} {r['ttft_ms_p99']!s:>9} "
+            f"{r['itl_ms_p50']!s:>8} {r['itl_ms_p99']!s:>8}"
+        )
+        for error in r["errors"]:
+            print(f"      error: {error}")
+    by_c = {r["concurrency"]: r for r in levels}
+    if 1 in by_c and 16 in by_c and by_c[1]["output_tokens_per_s"] and by_c[1]["itl_ms_p99"]:
+        speedup = by_c[16]["output_tokens_per_s"] / by_c[1]["output_tokens_per_s"]
+        itl_ratio = (by_c[16]["itl_ms_p99"] or 0) / by_c[1]["itl_ms_p99"]
+        print(
+            f"concurrency 16 vs 1: {speedup:.2f}x output tokens/s (target >= 4x), "
+            f"p99 inter-token latency {itl_ratio:.2f}x (target < 2x)"
+        )
+    print(f"largest decode batch the server ran: {max_batch}")
+    if ceiling:
+        b1, b16 = ceiling["batch_1_tokens_per_s"], ceiling["batch_16_tokens_per_s"]
+        print(f"bare engine decode: {b1} tokens/s at batch 1, {b16} at batch 16 ({b16 / b1:.2f}x: the ceiling)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""The continuous-batching scheduler on a recording fake engine: chunked prefill interleaved with batched
+decode, slots freed on cancel, and the bounded queue. (tests/test_serving.py covers the real model over HTTP.)"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from perfx_core.sampling import SamplingParams
+from perfx_core.serving.scheduler import (
+    Finished,
+    GenerationRequest,
+    QueueFullError,
+    Scheduler,
+    ServingSampler,
+    TextDelta,
+)
+
+VOCAB, EOS, NEXT = 8, 0, 5  # the fake model always predicts token NEXT
+
+
+class FakeEngine:
+    def __init__(self, n_slots: int):
+        self.n_slots, self.max_seq_len = n_slots, 128
+        self.calls: list[tuple] = []
+
+    def _logits(self, n: int) -> np.ndarray:
+        logits = np.zeros((n, VOCAB), dtype=np.float32)
+        logits[:, NEXT] = 1
+        return logits
+
+    def prefill(self, tokens, slot, start):
+        self.calls.append(("prefill", slot, start, len(tokens)))
+        return self._logits(1)[0]
+
+    def decode(self, tokens, slots, positions):
+        self.calls.append(("decode", tuple(slots), tuple(positions)))
+        return self._logits(len(tokens))
+
+
+class FakeTokenizer:
+    eos_ids = frozenset({EOS})
+
+    def decode(self, ids):
+        return "".join(chr(ord("a") + i) for i in ids)
+
+
+class Collector:
+    """A request's events, with a flag for its end."""
+
+    def __init__(self):
+        self.events: list = []
+        self.done = threading.Event()
+
+    def __call__(self, event) -> None:
+        self.events.append(event)
+        if not isinstance(event, TextDelta):
+            self.done.set()
+
+
+def _request(prompt_len: int, max_tokens: int, collector: Collector) -> GenerationRequest:
+    return GenerationRequest([1] * prompt_len, max_tokens, SamplingParams(temperature=0), collector)
+
+
+def test_long_prompt_is_prefilled_in_chunks_between_decode_steps():
+    engine = FakeEngine(n_slots=2)
+    scheduler = Scheduler(engine, FakeTokenizer(), max_queue=4, prefill_chunk=4)
+    short, long = Collector(), Collector()
+    scheduler.submit(_request(3, 12, short))
+    scheduler.submit(_request(10, 3, long))
+    scheduler.start()
+    try:
+        assert short.done.wait(10) and long.done.wait(10)
+    finally:
+        scheduler.stop()
+    assert engine.calls[:7] == [
+        ("prefill", 0, 0, 3),
+        ("decode", (0,), (3,)),
+        ("prefill", 1, 0, 4),  # the long prompt, one chunk per iteration ...
+        ("decode", (0,), (4,)),  # ... while the short one keeps generating
+        ("prefill", 1, 4, 4),
+        ("decode", (0,), (5,)),
+        ("prefill", 1, 8, 2),
+    ]
+    assert engine.calls[7] == ("decode", (0, 1), (6, 10))  # then both decode in one batch
+    assert scheduler.max_batch_size == 2
+    assert short.events[-1] == Finished("length", 3, 12) and long.events[-1] == Finished("length", 10, 3)
+    assert "".join(e.text for e in short.events[:-1]) == "f" * 12
+
+
+def test_cancelled_request_frees_its_slot_for_the_next():
+    engine = FakeEngine(n_slots=1)
+    scheduler = Scheduler(engine, FakeTokenizer(), max_queue=4, prefill_chunk=8)
+    first, second = Collector(), Collector()
+    first_request = _request(2, 100, first)
+
+    def cancel_after_two_tokens(event) -> None:
+        first(event)
+        if len(first.events) == 2:
+            first_request.cancel()
+
+    first_request.emit = cancel_after_two_tokens
+    scheduler.submit(first_request)
+    scheduler.submit(_request(2, 3, second))
+    scheduler.start()
+    try:
+        assert second.done.wait(10)
+    finally:
+        scheduler.stop()
+    assert len(first.events) <= 3 and not first.done.is_set()  # no Finished: it was dropped
+    assert second.events[-1] == Finished("length", 2, 3)
+    assert scheduler.running == 0 and scheduler.slots_used == 0
+
+
+def test_queue_is_bounded():
+    scheduler = Scheduler(FakeEngine(n_slots=1), FakeTokenizer(), max_queue=1, prefill_chunk=8)
+    scheduler.submit(_request(2, 4, Collector()))  # would take the free slot
+    scheduler.submit(_request(2, 4, Collector()))  # waits
+    with pytest.raises(QueueFullError):
+        scheduler.submit(_request(2, 4, Collector()))
+
+
+def test_fast_sampler_draws_the_tempered_softmax_and_repeats_with_a_seed():
+    logits = (np.random.default_rng(0).standard_normal(20) * 2).astype(np.float32)
+    params = SamplingParams(temperature=0.7, top_k=0, top_p=1.0, min_p=0.0, seed=3)
+    sampler = ServingSampler(params)
+    draws = [sampler(logits) for _ in range(20000)]
+    expected = np.exp(logits / 0.7 - (logits / 0.7).max())
+    expected /= expected.sum()
+    assert np.abs(np.bincount(draws, minlength=20) / len(draws) - expected).max() < 0.015
+    again = ServingSampler(params)
+    assert [again(logits) for _ in range(50)] == draws[:50]
