@@ -14,10 +14,11 @@ or one test per op:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 from .conformance import ConformanceReport, check_backend
 from .ops import OP_NAMES
+from .plugins import get_registry
 
 
 def assert_backend_conforms(
@@ -37,3 +38,22 @@ def backend_conformance_cases(name: str, ops: list[str] | None = None) -> list[A
     import pytest
 
     return [pytest.param(name, op, id=f"{name}-{op}") for op in (ops or OP_NAMES)]
+
+
+def isolated_plugins(monkeypatch: Any, disable: tuple[str, ...] = ()) -> Iterator[Any]:
+    """Body of a fixture testing installed plugins: every installed plugin loads except ``disable``, the
+    registry is rebuilt before the test and again after it from the real environment.
+
+        @pytest.fixture
+        def plugin_env(monkeypatch):
+            yield from isolated_plugins(monkeypatch, disable=("a-plugin-that-outranks-mine",))
+    """
+    monkeypatch.delenv("PERFX_LOAD_PLUGINS", raising=False)
+    if disable:
+        monkeypatch.setenv("PERFX_DISABLE_PLUGINS", ",".join(disable))
+    else:
+        monkeypatch.delenv("PERFX_DISABLE_PLUGINS", raising=False)
+    get_registry(refresh=True)
+    yield monkeypatch
+    monkeypatch.undo()
+    get_registry(refresh=True)

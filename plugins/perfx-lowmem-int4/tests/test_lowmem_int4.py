@@ -9,10 +9,11 @@ import pytest
 
 from perfx_core.hookspecs import hookimpl
 from perfx_core.plugins import get_registry, register_plugin, unregister_plugin
-from perfx_core.testing import assert_backend_conforms
+from perfx_core.testing import assert_backend_conforms, isolated_plugins
 from perfx_core.weights import Int4Weight
 
 PLUGIN = "lowmem-int4"
+OUTRANKING = ("numba-cpu",)
 INSTALLED = any(ep.name == PLUGIN for ep in importlib.metadata.entry_points(group="perfx"))
 
 pytestmark = pytest.mark.skipif(
@@ -22,13 +23,8 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture
 def plugin_env(monkeypatch):
-    """Plugin environment variables cleared for the test; the registry is rebuilt from the real ones after."""
-    monkeypatch.delenv("PERFX_LOAD_PLUGINS", raising=False)
-    monkeypatch.delenv("PERFX_DISABLE_PLUGINS", raising=False)
-    get_registry(refresh=True)
-    yield monkeypatch
-    monkeypatch.undo()
-    get_registry(refresh=True)
+    # perfx-numba-cpu (priority 20) outranks this plugin when both are installed: test this one alone.
+    yield from isolated_plugins(monkeypatch, disable=OUTRANKING)
 
 
 def test_discovered_through_entry_point(plugin_env):
@@ -63,7 +59,7 @@ def test_chosen_by_priority(plugin_env):
 
 
 def test_can_be_disabled(plugin_env):
-    plugin_env.setenv("PERFX_DISABLE_PLUGINS", PLUGIN)
+    plugin_env.setenv("PERFX_DISABLE_PLUGINS", ",".join((PLUGIN, *OUTRANKING)))
     chosen = get_registry(refresh=True).resolve("numpy")
     assert chosen["int4_gemv"].plugin == "numpy"
     assert chosen["int4_gemm"].plugin == "numpy"

@@ -1,0 +1,272 @@
+"""perfx-numba-cpu: compiled (numba) CPU kernels that replace the NumPy backend's hot ops.
+
+- ``int4_gemv`` / ``int4_gemm`` with n <= SMALL_N: a GEMV kernel on the packed nibbles and the per-group
+  scale and bias (never the float copy), ``s * (x_g . q_g) + b * sum(x_g)`` per group, on a copy of the
+  codes laid out in blocks of 64 rows (kernels.int4_block_layout); parallel over row blocks while the
+  machine is otherwise idle, single-threaded when other processes load it (see _Machine).
+- ``int4_gemm`` with larger n: W dequantized into a reused float32 scratch buffer (in tiles only for huge
+  matrices), then one BLAS call.
+- ``dense_gemm`` with n <= SMALL_N on a float32 weight that is exactly int8 * per-32-block scale (GGUF Q8_0
+  loaded into float32, e.g. SmolLM2's tied embedding/output): an int8 copy made at first use, 4x less
+  memory traffic than the float32 sgemv. Anything else: NumPy's BLAS on the float32 values.
+- fused ``rmsnorm``, ``add_rmsnorm``, ``silu_mul``, ``attention_decode`` (float32 caches), and the
+  composites ``linear``, ``qkv_proj``, ``logits`` (direct dispatch) and ``gate_up_silu`` (one kernel).
+
+Per-weight layouts (the blocked codes, float32 scales, the int8 copy) are built once, at a weight's first
+use, and kept on the weight handle as the attribute ``_numba_cpu``; nothing is re-laid-out per token.
+"""
+
+from __future__ import annotations
+
+import os
+from time import perf_counter, process_time
+
+import numpy as np
+
+from perfx_core.errors import InvalidArgumentError
+from perfx_core.hookspecs import hookimpl
+from perfx_core.weights import DenseWeight, Int4Weight
+
+from . import kernels as K
+
+PRIORITY = 20  # above the NumPy backend (0) and perfx-lowmem-int4 (10)
+SMALL_N = 8  # up to this many rows of x, int4 matmuls run the packed kernel; above, dequantized tiles + BLAS
+# float32 bytes of one dequantized tile for BLAS. One call per matrix is what counts: a BLAS call per small
+# tile (1 MiB) made a 256-token gate_up 6x slower than one call on the whole dequantized matrix (thread
+# hand-offs between numba's pool and OpenBLAS's, and strided output), so tiles are only for huge matrices.
+TILE_BYTES = 64 << 20
+INT8_MAX_N = 8  # the int8 dense path is a GEMV kernel; larger n is BLAS's job
+ATTR = "_numba_cpu"
+# Serial or parallel. On the idle 2-core VM the parallel GEMV kernels make decode 1.5x faster (99 against
+# 65 tok/s), but when other processes keep the cores busy a parallel region waits for a worker thread the
+# OS has not scheduled, and a 20 us GEMV takes milliseconds: decode measured 5-10x slower than
+# single-threaded under a load of 2. So the kernels run parallel only while the rest of the machine is
+# idle: every CHECK_S seconds, the CPU time all processes used (/proc/stat) minus this process's own
+# (time.process_time) over that window must be below OTHERS_LIMIT cores. Timing the parallel calls
+# themselves misleads: a rare trial call finds the workers asleep and always looks slow.
+# PERFX_NUMBA_PARALLEL: "auto" (default), "always" or "never". The same goes for attention_decode.
+PARALLEL_MODE = os.environ.get("PERFX_NUMBA_PARALLEL", "auto").strip().lower()
+PARALLEL_MIN_WORK = 200_000  # multiply-adds below which a call always runs on one thread
+CHECK_S = 0.25
+OTHERS_LIMIT = 0.3  # cores
+
+
+class _Machine:
+    """Whether the other processes leave the cores free, re-read every CHECK_S seconds."""
+
+    free = True
+    next_check = 0.0
+    last: tuple[float, float, float] | None = None
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    @classmethod
+    def is_free(cls) -> bool:
+        now = perf_counter()
+        if now < cls.next_check:
+            return cls.free
+        cls.next_check = now + CHECK_S
+        try:
+            with open("/proc/stat", "rb") as f:
+                fields = f.readline().split()[1:9]
+        except OSError:
+            return cls.free
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields)
+        busy = (user + nice + system + irq + softirq + steal) / cls.ticks
+        own = process_time()
+        if cls.last is not None:
+            last_busy, last_own, last_now = cls.last
+            others = ((busy - last_busy) - (own - last_own)) / max(now - last_now, 1e-3)
+            cls.free = others < OTHERS_LIMIT
+        cls.last = (busy, own, now)
+        return cls.free
+
+
+def _run(parallel, serial, work, *args) -> None:
+    """Run a kernel parallel or on one thread, as PARALLEL_MODE and the machine's load say."""
+    if PARALLEL_MODE == "always":
+        use_parallel = True
+    elif PARALLEL_MODE == "never" or work < PARALLEL_MIN_WORK:
+        use_parallel = False
+    else:
+        use_parallel = _Machine.is_free()
+    (parallel if use_parallel else serial)(*args)
+
+
+class _Int4Layout:
+    """kernels.int4_block_layout of one weight: codes, float32 scales and biases in blocks of ROWS rows."""
+
+    __slots__ = ("codes", "scales", "biases", "shape", "packed", "scale_rows", "bias_rows")
+
+    def __init__(self, weight: Int4Weight):
+        self.shape = weight.shape
+        self.codes, self.scales, self.biases = K.int4_block_layout(weight.packed, weight.scale, weight.bias)
+        # Row-major, for prefill's dequantization (sequential reads, 1.7x faster than from the blocks):
+        # the weight's own arrays (shared, not copied) and its scales in float32 (numba has no float16).
+        self.packed = np.ascontiguousarray(weight.packed)
+        self.scale_rows = weight.scale.astype(np.float32)
+        self.bias_rows = np.ascontiguousarray(weight.bias, dtype=np.float32)
+
+
+class _DenseLayout:
+    __slots__ = ("q", "d")
+
+    def __init__(self, q, d):
+        self.q = q
+        self.d = d
+
+
+def _int4_layout(rt, w) -> _Int4Layout:
+    layout = w.__dict__.get(ATTR)
+    if layout is None:
+        weight = w.weight
+        if not isinstance(weight, Int4Weight):
+            raise InvalidArgumentError(f"perfx-numba-cpu got a {w.kind} weight where an int4 weight is required")
+        layout = _Int4Layout(weight)
+        track = getattr(rt, "track", None)
+        if track is not None:
+            for array in (layout.codes, layout.scales, layout.biases, layout.scale_rows):
+                track(array)
+        setattr(w, ATTR, layout)
+    return layout
+
+
+def _dense_layout(rt, w) -> _DenseLayout | None:
+    """The exact int8 copy of a float32 dense weight, or None when it is not int8 * block scale."""
+    layout = w.__dict__.get(ATTR, 0)
+    if layout == 0:
+        layout = None
+        weight = w.weight
+        if isinstance(weight, DenseWeight) and weight.data.dtype == np.float32 and weight.data.shape[1] % 32 == 0:
+            data = np.ascontiguousarray(weight.data)
+            m, k = data.shape
+            q = np.empty((m, k), dtype=np.int8)
+            d = np.empty((m, k // 32), dtype=np.float32)
+            bad = np.zeros(m, dtype=np.uint8)
+            K.float32_to_int8_exact(data, 32, q, d, bad)
+            if not bad.any():
+                layout = _DenseLayout(q, d)
+                track = getattr(rt, "track", None)
+                if track is not None:
+                    track(q)
+                    track(d)
+        setattr(w, ATTR, layout)
+    return layout
+
+
+def _f32(x):
+    return x if x.dtype == np.float32 else x.astype(np.float32)
+
+
+def _int4_matmul(rt, x, w, out) -> None:
+    layout = _int4_layout(rt, w)
+    x = _f32(x)
+    n = x.shape[0]
+    if n <= SMALL_N:
+        _run(
+            K.int4_matvec, K.int4_matvec_serial, n * layout.codes.size * 2,
+            layout.codes, layout.scales, layout.biases, x, out,
+        )
+        return
+    m, k = layout.shape
+    rows = max(1, min(m, TILE_BYTES // (4 * k)))
+    tile = rt.scratch("numba_cpu.tile", (rows, k))
+    # Prefill: BLAS runs its own threads; a serial dequantization keeps numba's pool out of its way.
+    dequantize = K.int4_dequantize if PARALLEL_MODE == "always" else K.int4_dequantize_serial
+    if rows == m:
+        dequantize(layout.packed, layout.scale_rows, layout.bias_rows, tile)
+        np.matmul(x, tile.T, out=out)
+        return
+    part = rt.scratch("numba_cpu.tile_out", (n, rows))
+    for r0 in range(0, m, rows):
+        r1 = min(m, r0 + rows)
+        block = tile[: r1 - r0]
+        dequantize(layout.packed[r0:r1], layout.scale_rows[r0:r1], layout.bias_rows[r0:r1], block)
+        np.matmul(x, block.T, out=part[:, : r1 - r0])
+        out[:, r0:r1] = part[:, : r1 - r0]
+
+
+def int4_gemv(rt, x, w, out) -> None:
+    _int4_matmul(rt, x, w, out)
+
+
+def int4_gemm(rt, x, w, out) -> None:
+    _int4_matmul(rt, x, w, out)
+
+
+def dense_gemm(rt, x, w, out) -> None:
+    if x.shape[0] <= INT8_MAX_N:
+        layout = _dense_layout(rt, w)
+        if layout is not None:
+            _run(
+                K.int8_matvec, K.int8_matvec_serial, x.shape[0] * layout.q.size, layout.q, layout.d, _f32(x), out
+            )
+            return
+    np.matmul(x, w.float32().T, out=out)
+
+
+def linear(rt, x, w, out) -> None:
+    if w.kind == "int4":
+        _int4_matmul(rt, x, w, out)
+    else:
+        dense_gemm(rt, x, w, out)
+
+
+def gate_up_silu(rt, x, w, out) -> None:
+    n, f = out.shape
+    if w.kind == "int4" and n <= SMALL_N and f % K.ROWS == 0:
+        layout = _int4_layout(rt, w)
+        _run(
+            K.int4_gate_up_silu, K.int4_gate_up_silu_serial, n * layout.codes.size * 2,
+            layout.codes, layout.scales, layout.biases, _f32(x), out,
+        )
+        return
+    gate_up = rt.scratch("gate_up_silu", (n, 2 * f))
+    linear(rt, x, w, gate_up)
+    silu_mul(rt, gate_up, out)
+
+
+def rmsnorm(rt, x, weight, eps, out) -> None:
+    K.rmsnorm(x, weight, np.float32(eps), out)
+
+
+def add_rmsnorm(rt, x, residual, weight, eps, out) -> None:
+    K.add_rmsnorm(x, residual, weight, np.float32(eps), out)
+
+
+def silu_mul(rt, gate_up, out) -> None:
+    (K.silu_mul if PARALLEL_MODE == "always" else K.silu_mul_serial)(gate_up, out)
+
+
+def attention_decode(rt, qkv, cache, layer, slots, positions, rope, spec, out) -> None:
+    if cache.k.dtype != np.float32 or qkv.dtype != np.float32:
+        from perfx_numpy import ops as numpy_ops  # float16 caches: the NumPy backend's version
+
+        numpy_ops.attention_decode(rt, qkv, cache, layer, slots, positions, rope, spec, out)
+        return
+    work = len(slots) * spec.n_heads * (int(positions.max()) + 1) * spec.head_dim * 2
+    _run(
+        K.attention_decode, K.attention_decode_serial, work,
+        qkv, cache.k, cache.v, layer, slots, positions, rope.cos, rope.sin,
+        spec.n_heads, spec.n_kv_heads, spec.head_dim, out,
+    )
+
+
+OPS = {
+    "int4_gemv": int4_gemv,
+    "int4_gemm": int4_gemm,
+    "dense_gemm": dense_gemm,
+    "rmsnorm": rmsnorm,
+    "add_rmsnorm": add_rmsnorm,
+    "silu_mul": silu_mul,
+    "attention_decode": attention_decode,
+    "linear": linear,
+    "qkv_proj": linear,
+    "logits": linear,
+    "gate_up_silu": gate_up_silu,
+}
+
+
+@hookimpl
+def perfx_register_ops(register):
+    for name, function in OPS.items():
+        register("numpy", name, function, priority=PRIORITY)

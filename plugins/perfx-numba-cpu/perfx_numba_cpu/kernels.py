@@ -1,0 +1,402 @@
+"""The numba kernels of perfx-numba-cpu. Every kernel writes only into the arrays it is handed as outputs.
+
+Compiled on first call and cached on disk (``cache=True``, in ``__pycache__`` next to this file or in
+NUMBA_CACHE_DIR), so a second process starts without compiling. Every kernel releases the GIL
+(``nogil=True``): a desktop app's UI thread keeps running while a worker thread decodes.
+
+Fast-math: the flags that let LLVM vectorize float reductions (reassociation, contraction to FMA,
+reciprocals, no signed zeros) but not ``nnan``/``ninf``: the fused gate_up_silu kernel relies on
+``exp(-g)`` overflowing to inf for very negative g (g / inf = -0, as the contract asks).
+"""
+
+from __future__ import annotations
+
+import math
+import types
+
+import numpy as np
+from numba import njit, prange
+
+FM = {"reassoc", "contract", "arcp", "nsz", "afn"}
+F32 = np.float32
+
+
+def _serial_twin(dispatcher, name):
+    """A single-threaded compilation of a parallel kernel (prange runs as range), cached under its own name.
+
+    On a machine shared with other work a parallel region waits for its slowest thread, which may not be
+    scheduled for milliseconds; small calls are faster and far steadier on one thread.
+    """
+    fn = dispatcher.py_func
+    twin = types.FunctionType(fn.__code__, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+    twin.__qualname__ = name
+    twin.__module__ = fn.__module__
+    twin.__doc__ = fn.__doc__
+    return njit(fastmath=FM, cache=True, nogil=True)(twin)
+
+
+# -- int4: packed nibbles, per-group float32 scale and bias ----------------------------------------------
+ROWS = 64  # rows per block of the GEMV layout: the vectorized loop runs across them
+
+
+def int4_block_layout(packed, scale, bias):
+    """The GEMV layout of an int4 weight (NumPy, once per weight): rows in blocks of ROWS, transposed.
+
+    ``codes[b, j, t]`` is byte j of row ``b * ROWS + t`` and ``scales[b, g, t]``/``biases[b, g, t]`` its
+    group g (float32), rows padded with zeros to a whole block. The GEMV kernels then walk a byte column
+    of a block with one vector across ROWS rows, so the sum over a group needs no horizontal reduction.
+    """
+    m, half = packed.shape
+    groups = scale.shape[1]
+    blocks = (m + ROWS - 1) // ROWS
+    pad = blocks * ROWS - m
+    if pad:
+        packed = np.concatenate([packed, np.zeros((pad, half), np.uint8)])
+        scale = np.concatenate([scale, np.zeros((pad, groups), scale.dtype)])
+        bias = np.concatenate([bias, np.zeros((pad, groups), bias.dtype)])
+    codes = np.ascontiguousarray(packed.reshape(blocks, ROWS, half).transpose(0, 2, 1))
+    scales = np.ascontiguousarray(scale.astype(np.float32).reshape(blocks, ROWS, groups).transpose(0, 2, 1))
+    biases = np.ascontiguousarray(bias.astype(np.float32).reshape(blocks, ROWS, groups).transpose(0, 2, 1))
+    return codes, scales, biases
+
+
+@njit(fastmath=FM, cache=True, nogil=True)
+def _split_x(x, groups):
+    """x (n, k) -> its even columns, its odd columns (n, k/2) and its per-group sums (n, groups)."""
+    n, k = x.shape
+    half = k // 2
+    hg = half // groups
+    xe = np.empty((n, half), dtype=np.float32)
+    xo = np.empty((n, half), dtype=np.float32)
+    xs = np.empty((n, groups), dtype=np.float32)
+    for j in range(n):
+        xr = x[j]
+        for g in range(groups):
+            s = F32(0.0)
+            for i in range(g * hg, (g + 1) * hg):
+                a = xr[2 * i]
+                b = xr[2 * i + 1]
+                xe[j, i] = a
+                xo[j, i] = b
+                s += a + b
+            xs[j, g] = s
+    return xe, xo, xs
+
+
+@njit(fastmath=FM, cache=True, nogil=True)
+def _block_dot(codes_b, scales_b, biases_b, xe, xo, xs, acc, d):
+    """acc (ROWS,) = the block's rows . x, from codes_b (k/2, ROWS), scales_b/biases_b (groups, ROWS)."""
+    half, rows = codes_b.shape
+    groups = scales_b.shape[0]
+    hg = half // groups
+    for t in range(rows):
+        acc[t] = 0.0
+    for g in range(groups):
+        for t in range(rows):
+            d[t] = 0.0
+        for i in range(g * hg, (g + 1) * hg):
+            e = xe[i]
+            o = xo[i]
+            col = codes_b[i]
+            for t in range(rows):
+                p = np.int32(col[t])
+                d[t] += F32(p & 15) * e + F32(p >> 4) * o
+        sg = scales_b[g]
+        bg = biases_b[g]
+        xg = xs[g]
+        for t in range(rows):
+            acc[t] += sg[t] * d[t] + bg[t] * xg
+
+
+@njit(parallel=True, fastmath=FM, cache=True, nogil=True)
+def int4_matvec(codes, scales, biases, x, out):
+    """out (n, m) = x (n, k) @ W.T for W[r, c] = q[r, c] * scale[r, c // g] + bias[r, c // g].
+
+    W in int4_block_layout. Per group: ``s * (x_g . q_g) + b * sum(x_g)``; x is split once per call into
+    its even and odd columns (the low and high nibbles of a byte) and its group sums. Parallel over blocks.
+    """
+    blocks, half, rows = codes.shape
+    n, m = out.shape
+    xe, xo, xs = _split_x(x, scales.shape[1])
+    for b in prange(blocks):
+        acc = np.empty(rows, dtype=np.float32)
+        d = np.empty(rows, dtype=np.float32)
+        r0 = b * rows
+        r1 = min(m, r0 + rows)
+        for j in range(n):
+            _block_dot(codes[b], scales[b], biases[b], xe[j], xo[j], xs[j], acc, d)
+            orow = out[j]
+            for r in range(r0, r1):
+                orow[r] = acc[r - r0]
+
+
+@njit(parallel=True, fastmath=FM, cache=True, nogil=True)
+def int4_gate_up_silu(codes, scales, biases, x, out):
+    """out (n, f) = silu(x @ Wg.T) * (x @ Wu.T) for W = [Wg; Wu] (2f, k) in int4_block_layout, f % ROWS == 0."""
+    blocks, half, rows = codes.shape
+    n, f = out.shape
+    fb = f // rows
+    xe, xo, xs = _split_x(x, scales.shape[1])
+    for b in prange(fb):
+        acc_g = np.empty(rows, dtype=np.float32)
+        acc_u = np.empty(rows, dtype=np.float32)
+        d = np.empty(rows, dtype=np.float32)
+        bu = b + fb
+        for j in range(n):
+            _block_dot(codes[b], scales[b], biases[b], xe[j], xo[j], xs[j], acc_g, d)
+            _block_dot(codes[bu], scales[bu], biases[bu], xe[j], xo[j], xs[j], acc_u, d)
+            orow = out[j]
+            for t in range(rows):
+                g = acc_g[t]
+                orow[b * rows + t] = g / (F32(1.0) + math.exp(-g)) * acc_u[t]
+
+
+@njit(parallel=True, fastmath=FM, cache=True, nogil=True)
+def int4_dequantize(packed, scale, bias, dst):
+    """dst (rows, k) float32 = W[:rows], from the row-major packed codes and float32 scale and bias."""
+    rows = dst.shape[0]
+    half = packed.shape[1]
+    groups = scale.shape[1]
+    hg = half // groups
+    for r in prange(rows):
+        prow = packed[r]
+        srow = scale[r]
+        brow = bias[r]
+        drow = dst[r]
+        for g in range(groups):
+            s = srow[g]
+            b = brow[g]
+            for i in range(g * hg, (g + 1) * hg):
+                p = np.int32(prow[i])
+                drow[2 * i] = F32(p & 15) * s + b
+                drow[2 * i + 1] = F32(p >> 4) * s + b
+
+
+# -- int8 (an exact re-layout of Q8_0-origin float32 weights) ---------------------------------------------
+@njit(parallel=True, cache=True, nogil=True)
+def float32_to_int8_exact(w, block, q, d, bad):
+    """Find q int8 (m, k) and d float32 (m, k/block) with q * d == w exactly; bad[r] = 1 where row r fails.
+
+    Weights loaded from GGUF Q8_0 are q * d16 in float32 with max|q| = 127 per block, so amax / 127 gives
+    d back exactly and w / d the codes. Any other weight fails the check (and stays on BLAS).
+    """
+    m, k = w.shape
+    nb = k // block
+    for r in prange(m):
+        row_bad = 0
+        for b in range(nb):
+            amax = F32(0.0)
+            for i in range(b * block, (b + 1) * block):
+                a = abs(w[r, i])
+                if a > amax:
+                    amax = a
+            dd = amax / F32(127.0)
+            d[r, b] = dd
+            for i in range(b * block, (b + 1) * block):
+                if dd == 0:
+                    q[r, i] = 0
+                    if w[r, i] != 0:
+                        row_bad = 1
+                else:
+                    v = np.round(w[r, i] / dd)
+                    if v > 127 or v < -127 or F32(v) * dd != w[r, i]:
+                        row_bad = 1
+                        q[r, i] = 0
+                    else:
+                        q[r, i] = np.int8(v)
+        bad[r] = row_bad
+
+
+@njit(parallel=True, fastmath=FM, cache=True, nogil=True)
+def int8_matvec(q, d, x, out):
+    """out (n, m) = x (n, k) @ (q * d).T with one float32 scale per block of k / d.shape[1] columns."""
+    m, k = q.shape
+    nb = d.shape[1]
+    block = k // nb
+    n = x.shape[0]
+    for r in prange(m):
+        qrow = q[r]
+        drow = d[r]
+        for j in range(n):
+            xj = x[j]
+            acc = F32(0.0)
+            for b in range(nb):
+                base = b * block
+                s = F32(0.0)
+                for i in range(block):
+                    s += F32(qrow[base + i]) * xj[base + i]
+                acc += drow[b] * s
+            out[j, r] = acc
+
+
+# -- norms and activation ---------------------------------------------------------------------------------
+@njit(fastmath=FM, cache=True, nogil=True)
+def rmsnorm(x, weight, eps, out):
+    n, dim = x.shape
+    for r in range(n):
+        xr = x[r]
+        orow = out[r]
+        ss = F32(0.0)
+        for i in range(dim):
+            ss += xr[i] * xr[i]
+        inv = F32(1.0 / math.sqrt(ss / dim + eps))
+        for i in range(dim):
+            orow[i] = xr[i] * inv * weight[i]
+
+
+@njit(fastmath=FM, cache=True, nogil=True)
+def add_rmsnorm(x, residual, weight, eps, out):
+    n, dim = x.shape
+    for r in range(n):
+        xr = x[r]
+        res = residual[r]
+        orow = out[r]
+        ss = F32(0.0)
+        for i in range(dim):
+            v = res[i] + xr[i]
+            res[i] = v
+            ss += v * v
+        inv = F32(1.0 / math.sqrt(ss / dim + eps))
+        for i in range(dim):
+            orow[i] = res[i] * inv * weight[i]
+
+
+@njit(parallel=True, fastmath=FM, cache=True, nogil=True)
+def silu_mul(gate_up, out):
+    """out = g / (1 + exp(-g)) * u, finite and right for any finite g (see _exp_into's clamp)."""
+    n, f = out.shape
+    for r in prange(n):
+        gu = gate_up[r]
+        orow = out[r]
+        e = np.empty(f, dtype=np.float32)
+        exponents = np.empty(f, dtype=np.int32)
+        _exp_into(gu, F32(-1.0), F32(0.0), e, exponents, f)
+        for i in range(f):
+            g = gu[i]
+            silu = g / (F32(1.0) + e[i])
+            # Below -80, g * sigmoid(g) is under 1e-33 in magnitude: 0 (the clamped exp would not be).
+            orow[i] = (silu if g > F32(-80.0) else F32(0.0)) * gu[f + i]
+
+
+# -- attention (float32 KV cache) -------------------------------------------------------------------------
+@njit(fastmath=FM, cache=True, nogil=True)
+def _exp_into(src, sign, shift, dst, exponents, n):
+    """dst[:n] = exp(sign * src[:n] - shift), in loops LLVM vectorizes (libm's expf does not).
+
+    exp(x) = 2^k * e^r with k = round(x / ln 2) and |r| <= ln(2) / 2: e^r by a degree-7 polynomial
+    (Cephes expf coefficients), 2^k by adding k to the float's exponent bits. x is clamped to [-80, 88]
+    so the result stays a normal float (e^-80 = 1.8e-35 is nothing next to 1; e^88 = 1.7e38 is finite,
+    and where a caller needs exp's overflow, e.g. silu's g / (1 + e^-g), 1.7e38 does as well). Relative
+    error ~1e-7. ``src`` and ``dst`` may be the same array.
+    """
+    bits = dst.view(np.int32)
+    for t in range(n):
+        x = min(max(sign * src[t] - shift, F32(-80.0)), F32(88.0))
+        k = np.floor(x * F32(1.4426950408889634) + F32(0.5))
+        r = x - k * F32(0.693359375)
+        r = r + k * F32(2.12194440e-4)
+        p = F32(1.9875691500e-4)
+        p = p * r + F32(1.3981999507e-3)
+        p = p * r + F32(8.3334519073e-3)
+        p = p * r + F32(4.1665795894e-2)
+        p = p * r + F32(1.6666665459e-1)
+        p = p * r + F32(5.0000001201e-1)
+        dst[t] = p * r * r + r + F32(1.0)
+        exponents[t] = np.int32(k)
+    for t in range(n):
+        bits[t] += exponents[t] << 23
+
+
+@njit(parallel=True, fastmath=FM, cache=True, nogil=True)
+def attention_decode(qkv, kc, vc, layer, slots, positions, cos, sin, n_heads, n_kv, hd, out):
+    """One new token per row b: RoPE'd k and raw v into the cache at positions[b], then causal GQA attention.
+
+    The cache writes come first (one thread); then every (row, kv head) pair is independent and runs in
+    parallel, each with its own scratch, computing the query heads of its group together.
+    """
+    q_dim = n_heads * hd
+    kv_dim = n_kv * hd
+    half = hd // 2
+    group = n_heads // n_kv
+    inv_sqrt = F32(1.0 / math.sqrt(hd))
+    n_rows = qkv.shape[0]
+    for b in range(n_rows):
+        slot = slots[b]
+        pos = positions[b]
+        for j in range(n_kv):
+            kb = q_dim + j * hd
+            vb = q_dim + kv_dim + j * hd
+            for i in range(half):
+                c = cos[pos, i]
+                s = sin[pos, i]
+                x1 = qkv[b, kb + i]
+                x2 = qkv[b, kb + half + i]
+                kc[layer, slot, j, pos, i] = x1 * c - x2 * s
+                kc[layer, slot, j, pos, half + i] = x2 * c + x1 * s
+            for i in range(hd):
+                vc[layer, slot, j, pos, i] = qkv[b, vb + i]
+    for bj in prange(n_rows * n_kv):
+        b = bj // n_kv
+        j = bj - b * n_kv
+        slot = slots[b]
+        pos = positions[b]
+        n_pos = pos + 1
+        # The `group` query heads that read kv head j, together: each key and value row is loaded once.
+        qr = np.empty((group, hd), dtype=np.float32)
+        acc = np.empty((group, hd), dtype=np.float32)
+        scores = np.empty((group, n_pos), dtype=np.float32)
+        exponents = np.empty(n_pos, dtype=np.int32)
+        mx = np.empty(group, dtype=np.float32)
+        keys = kc[layer, slot, j]
+        values = vc[layer, slot, j]
+        for gi in range(group):
+            qb = (j * group + gi) * hd
+            q = qr[gi]
+            for i in range(half):
+                c = cos[pos, i]
+                s = sin[pos, i]
+                x1 = qkv[b, qb + i]
+                x2 = qkv[b, qb + half + i]
+                q[i] = (x1 * c - x2 * s) * inv_sqrt
+                q[half + i] = (x2 * c + x1 * s) * inv_sqrt
+            mx[gi] = F32(-3.0e38)
+            a = acc[gi]
+            for i in range(hd):
+                a[i] = 0.0
+        for t in range(n_pos):
+            kt = keys[t]
+            for gi in range(group):
+                q = qr[gi]
+                sc = F32(0.0)
+                for i in range(hd):
+                    sc += q[i] * kt[i]
+                scores[gi, t] = sc
+                mx[gi] = max(mx[gi], sc)
+        for gi in range(group):
+            _exp_into(scores[gi], F32(1.0), mx[gi], scores[gi], exponents, n_pos)
+        for t in range(n_pos):
+            vt = values[t]
+            for gi in range(group):
+                wt = scores[gi, t]
+                a = acc[gi]
+                for i in range(hd):
+                    a[i] += wt * vt[i]
+        orow = out[b]
+        for gi in range(group):
+            sg = scores[gi]
+            total = F32(0.0)
+            for t in range(n_pos):
+                total += sg[t]
+            inv = F32(1.0) / total
+            a = acc[gi]
+            qb = (j * group + gi) * hd
+            for i in range(hd):
+                orow[qb + i] = a[i] * inv
+
+
+int4_matvec_serial = _serial_twin(int4_matvec, "int4_matvec_serial")
+int4_gate_up_silu_serial = _serial_twin(int4_gate_up_silu, "int4_gate_up_silu_serial")
+int8_matvec_serial = _serial_twin(int8_matvec, "int8_matvec_serial")
+silu_mul_serial = _serial_twin(silu_mul, "silu_mul_serial")
+int4_dequantize_serial = _serial_twin(int4_dequantize, "int4_dequantize_serial")
+attention_decode_serial = _serial_twin(attention_decode, "attention_decode_serial")

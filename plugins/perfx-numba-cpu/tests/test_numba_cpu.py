@@ -1,0 +1,163 @@
+"""perfx-numba-cpu as a user gets it: found by its entry point, chosen by priority, conformant, same logits."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import numpy as np
+import pytest
+
+from perfx_core.plugins import get_registry
+from perfx_core.testing import assert_backend_conforms, isolated_plugins
+from perfx_core.weights import DenseWeight, Int4Weight
+
+PLUGIN = "numba-cpu"
+INSTALLED = any(ep.name == PLUGIN for ep in importlib.metadata.entry_points(group="perfx"))
+
+pytestmark = pytest.mark.skipif(
+    not INSTALLED, reason="perfx-numba-cpu is not installed: run `pip install -e plugins/perfx-numba-cpu`"
+)
+
+REPLACED = (
+    "int4_gemv", "int4_gemm", "dense_gemm", "rmsnorm", "add_rmsnorm", "silu_mul", "attention_decode",
+    "linear", "qkv_proj", "gate_up_silu", "logits",
+)
+
+
+@pytest.fixture
+def plugin_env(monkeypatch):
+    yield from isolated_plugins(monkeypatch)
+
+
+def test_discovered_through_entry_point_and_chosen_by_priority(plugin_env):
+    (ep,) = [ep for ep in importlib.metadata.entry_points(group="perfx") if ep.name == PLUGIN]
+    assert ep.value == "perfx_numba_cpu"
+    registry = get_registry(refresh=True)
+    chosen = registry.resolve("numpy")
+    for op in REPLACED:
+        assert chosen[op].plugin == PLUGIN, op
+        assert chosen[op].priority == 20
+    # It outranks the NumPy backend (0) and perfx-lowmem-int4 (10) when both are installed.
+    by_plugin = {impl.plugin: impl.priority for impl in registry.candidates("numpy", "int4_gemv")}
+    assert by_plugin[PLUGIN] > max(p for name, p in by_plugin.items() if name != PLUGIN)
+    assert chosen["embedding"].plugin == "numpy"  # it replaces only what it registers
+
+
+def test_can_be_disabled(plugin_env):
+    plugin_env.setenv("PERFX_DISABLE_PLUGINS", f"{PLUGIN},lowmem-int4")
+    chosen = get_registry(refresh=True).resolve("numpy")
+    assert all(chosen[op].plugin != PLUGIN for op in REPLACED)
+
+
+def test_conforms(plugin_env):
+    get_registry(refresh=True)
+    assert_backend_conforms("numpy")
+
+
+def test_int4_gemv_keeps_weights_packed(plugin_env):
+    rng = np.random.default_rng(0)
+    m, k = 1000, 576
+    weight = Int4Weight(
+        rng.integers(0, 256, (m, k // 2), dtype=np.uint8),
+        rng.uniform(-0.05, 0.05, (m, k // 32)).astype(np.float16),
+        rng.normal(0.0, 0.1, (m, k // 32)).astype(np.float32),
+        32,
+    )
+    rt = get_registry(refresh=True).open_runtime("numpy")
+    w = rt.prepare_weight(weight)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    out = np.empty((1, m), dtype=np.float32)
+    rt.ops.int4_gemv(x, w, out)
+    assert w._float32 is None  # the float copy was never built
+    np.testing.assert_allclose(out, x @ w.float32().T, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["never", "always"])
+def test_fused_gate_up_silu_and_both_thread_modes(plugin_env, monkeypatch, mode):
+    """The one-kernel gate_up_silu (f a multiple of 64 rows), the GEMV and the kit, one thread and parallel."""
+    import perfx_numba_cpu
+
+    monkeypatch.setattr(perfx_numba_cpu, "PARALLEL_MODE", mode)
+    rng = np.random.default_rng(2)
+    f, k = 192, 128
+    weight = Int4Weight(
+        rng.integers(0, 256, (2 * f, k // 2), dtype=np.uint8),
+        rng.uniform(-0.05, 0.05, (2 * f, k // 32)).astype(np.float16),
+        rng.normal(0.0, 0.1, (2 * f, k // 32)).astype(np.float32),
+        32,
+    )
+    rt = get_registry(refresh=True).open_runtime("numpy")
+    w = rt.prepare_weight(weight)
+    dense = w.float32().astype(np.float64)
+    for n in (1, 3):
+        x = rng.standard_normal((n, k)).astype(np.float32)
+        out = np.empty((n, f), dtype=np.float32)
+        rt.ops.gate_up_silu(x, w, out)
+        gate_up = x.astype(np.float64) @ dense.T
+        expected = gate_up[:, :f] / (1.0 + np.exp(-gate_up[:, :f])) * gate_up[:, f:]
+        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+        full = np.empty((n, 2 * f), dtype=np.float32)
+        rt.ops.linear(x, w, full)
+        np.testing.assert_allclose(full, gate_up, rtol=1e-4, atol=1e-4)
+    # The kit again with every kernel that has a parallel and a single-threaded version forced to one.
+    assert_backend_conforms(
+        "numpy", ops=["int4_gemv", "int4_gemm", "dense_gemm", "silu_mul", "attention_decode", "gate_up_silu"]
+    )
+
+
+def test_dense_gemv_int8_relayout_is_exact(plugin_env):
+    """A float32 weight that is Q8_0 (int8 * float16 scale per 32 columns) runs the int8 kernel; others BLAS."""
+    rng = np.random.default_rng(1)
+    m, k = 300, 96
+    q = rng.integers(-127, 128, (m, k)).astype(np.int8)
+    q[:, ::32] = 127
+    d = rng.uniform(1e-3, 1e-2, (m, k // 32)).astype(np.float16).astype(np.float32)
+    data = (q.astype(np.float32).reshape(m, -1, 32) * d[:, :, None]).reshape(m, k)
+    rt = get_registry(refresh=True).open_runtime("numpy")
+    q8 = rt.prepare_weight(DenseWeight(data))
+    other = rt.prepare_weight(DenseWeight(rng.standard_normal((m, k)).astype(np.float32)))
+    for n in (1, 3, 9):
+        x = rng.standard_normal((n, k)).astype(np.float32)
+        for w in (q8, other):
+            out = np.empty((n, m), dtype=np.float32)
+            rt.ops.dense_gemm(x, w, out)
+            np.testing.assert_allclose(out, x @ w.weight.data.T, rtol=1e-4, atol=1e-4)
+    assert q8._numba_cpu is not None and other._numba_cpu is None
+    np.testing.assert_array_equal(q8._numba_cpu.q.astype(np.float32) * np.repeat(q8._numba_cpu.d, 32, axis=1), data)
+
+
+def _model_logits(prompt, decoded):
+    """Logits of every prompt position (prefill) and of each decode step fed the fixed ``decoded`` tokens."""
+    import perfx_core
+
+    model = perfx_core.load(context_length=256)
+    try:
+        engine = model.engine
+        rows = [engine.prefill(prompt, slot=0, all_logits=True)]
+        for i, token in enumerate(decoded):
+            rows.append(engine.decode([token], [0], [len(prompt) + i]))
+        return np.concatenate(rows), dict(engine.rt.ops.sources)
+    finally:
+        model.close()
+
+
+def test_model_logits_match_numpy_backend(plugin_env):
+    """SmolLM2: a 32-token prompt (prefill) then 32 decode steps, with and without the plugin: 64 positions."""
+    try:
+        from perfx_core.default_model import resolve_model_path
+
+        resolve_model_path()
+    except Exception as exc:  # noqa: BLE001 - the bundled model is optional
+        pytest.skip(f"no model to run: {exc}")
+    ids = np.random.default_rng(0).integers(0, 49152, 64).tolist()
+    prompt, decoded = ids[:32], ids[32:]
+    fast, sources = _model_logits(prompt, decoded)
+    assert sources["int4_gemv"].startswith(PLUGIN)
+    plugin_env.setenv("PERFX_DISABLE_PLUGINS", f"{PLUGIN},lowmem-int4")
+    get_registry(refresh=True)
+    slow, sources = _model_logits(prompt, decoded)
+    assert sources["int4_gemv"].startswith("numpy")
+    nmse = float(np.sum((fast.astype(np.float64) - slow) ** 2) / np.sum(slow.astype(np.float64) ** 2))
+    print(f"logits NMSE over {len(fast)} positions: {nmse:.3g}")
+    assert fast.shape == slow.shape == (64, 49152)
+    assert nmse < 1e-5, nmse
