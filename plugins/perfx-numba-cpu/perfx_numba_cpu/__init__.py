@@ -4,8 +4,9 @@
   scale and bias (never the float copy), ``s * (x_g . q_g) + b * sum(x_g)`` per group, on a copy of the
   codes laid out in blocks of 64 rows (kernels.int4_block_layout); parallel over row blocks while the
   machine is otherwise idle, single-threaded when other processes load it (see _Machine).
-- ``int4_gemm`` with larger n: W dequantized into a reused float32 scratch buffer (in tiles only for huge
-  matrices), then one BLAS call.
+- ``int4_gemm`` with SMALL_N < n <= BATCH_N (batched decode): BLAS on the NumPy backend's cached float copy.
+- ``int4_gemm`` with larger n (prefill): W dequantized into a reused float32 scratch buffer (in tiles only
+  for huge matrices), then one BLAS call.
 - ``dense_gemm`` with n <= SMALL_N on a float32 weight that is exactly int8 * per-32-block scale (GGUF Q8_0
   loaded into float32, e.g. SmolLM2's tied embedding/output): an int8 copy made at first use, 4x less
   memory traffic than the float32 sgemv. Anything else: NumPy's BLAS on the float32 values.
@@ -30,7 +31,11 @@ from perfx_core.weights import DenseWeight, Int4Weight
 from . import kernels as K
 
 PRIORITY = 20  # above the NumPy backend (0) and perfx-lowmem-int4 (10)
-SMALL_N = 8  # up to this many rows of x, int4 matmuls run the packed kernel; above, dequantized tiles + BLAS
+SMALL_N = 8  # up to this many rows of x, int4 matmuls run the packed kernel; above, BLAS
+# Up to this many rows (batched decode) BLAS runs on the cached float copy; beyond (prefill chunks) on a
+# per-call dequantized tile, which saves the memory of the copy. Measured (2-core VM, SmolLM2, one decode
+# step of 16 sequences): packed kernel 98 ms, float copy 56 ms, per-call dequantization slower still.
+BATCH_N = 32
 # float32 bytes of one dequantized tile for BLAS. One call per matrix is what counts: a BLAS call per small
 # tile (1 MiB) made a 256-token gate_up 6x slower than one call on the whole dequantized matrix (thread
 # hand-offs between numba's pool and OpenBLAS's, and strided output), so tiles are only for huge matrices.
@@ -167,6 +172,11 @@ def _int4_matmul(rt, x, w, out) -> None:
             layout.codes, layout.scales, layout.biases, x, out,
         )
         return
+    if n <= BATCH_N:
+        # Batched decode (serving): dequantizing per call would cost more than the matmul; use the NumPy
+        # backend's float copy, made once (memory for speed, only when batches this size happen).
+        np.matmul(x, w.float32().T, out=out)
+        return
     m, k = layout.shape
     rows = max(1, min(m, TILE_BYTES // (4 * k)))
     tile = rt.scratch("numba_cpu.tile", (rows, k))
@@ -244,6 +254,14 @@ def attention_decode(rt, qkv, cache, layer, slots, positions, rope, spec, out) -
         numpy_ops.attention_decode(rt, qkv, cache, layer, slots, positions, rope, spec, out)
         return
     work = len(slots) * spec.n_heads * (int(positions.max()) + 1) * spec.head_dim * 2
+    if len(slots) > SMALL_N:
+        # This step's matmuls run in BLAS (see _int4_matmul): numba's pool, spinning after a parallel region,
+        # would take the cores from BLAS's threads (a 16-sequence step measured 260 ms against 56 ms).
+        K.attention_decode_serial(
+            qkv, cache.k, cache.v, layer, slots, positions, rope.cos, rope.sin,
+            spec.n_heads, spec.n_kv_heads, spec.head_dim, out,
+        )
+        return
     _run(
         K.attention_decode, K.attention_decode_serial, work,
         qkv, cache.k, cache.v, layer, slots, positions, rope.cos, rope.sin,
