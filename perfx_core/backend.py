@@ -86,7 +86,7 @@ class Runtime(ABC):
 
     backend_name: str
     device: DeviceInfo
-    ops: "OpTable"
+    ops: OpTable
 
     # -- memory ----------------------------------------------------------------------------------------
     @abstractmethod

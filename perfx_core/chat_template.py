@@ -5,8 +5,9 @@ from __future__ import annotations
 import datetime
 import json
 import warnings
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -52,7 +53,7 @@ class StreamingText:
     """Turns a growing list of token ids into text deltas, holding back an unfinished UTF-8 character
     and any tail that could be the start of a stop string."""
 
-    def __init__(self, tokenizer: "Tokenizer", stop: Sequence[str]):
+    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str]):
         self.tokenizer = tokenizer
         self.stop = [s for s in stop if s]
         self.ids: list[int] = []
@@ -119,8 +120,8 @@ class Generation:
 
     def __init__(
         self,
-        model: "LlamaModel",
-        tokenizer: "Tokenizer",
+        model: LlamaModel,
+        tokenizer: Tokenizer,
         prompt_ids: Sequence[int],
         *,
         max_tokens: int,

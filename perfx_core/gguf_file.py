@@ -432,7 +432,7 @@ class _Parser:
                 )
             tensors[name] = TensorInfo(name, ggml_type, shape, data_offset + rel_offset, nbytes)
         ordered = sorted(tensors.values(), key=lambda t: t.offset)
-        for prev, cur in zip(ordered, ordered[1:]):
+        for prev, cur in zip(ordered, ordered[1:], strict=False):
             if cur.offset < prev.offset + prev.nbytes:
                 raise ModelFormatError(
                     f"{self.path}: tensors {prev.name!r} and {cur.name!r} overlap "

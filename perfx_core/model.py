@@ -6,8 +6,9 @@ so one model serves one chat (slot 0) or a batch of requests (one slot each).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 PRIMITIVE_OPS = (
     "embedding",

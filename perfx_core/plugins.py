@@ -15,8 +15,9 @@ import importlib
 import importlib.metadata
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import pluggy
 

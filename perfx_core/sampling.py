@@ -6,8 +6,8 @@ filters on the tempered distribution, then a seeded draw. Temperature 0 means gr
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import numpy as np
 

@@ -14,7 +14,8 @@ or one test per op:
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from .conformance import ConformanceReport, check_backend
 from .ops import OP_NAMES

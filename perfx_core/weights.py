@@ -14,7 +14,6 @@ Packing: byte ``packed[r, j]`` holds column ``2j`` in its low nibble and column 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 import numpy as np
 
@@ -70,7 +69,7 @@ class DenseWeight:
         return self.data.nbytes
 
 
-Weight = Union[Int4Weight, DenseWeight]
+Weight = Int4Weight | DenseWeight
 
 
 def pack_int4(q: np.ndarray) -> np.ndarray:

@@ -28,7 +28,7 @@ import sys
 import time
 
 INSTALL_HINT = (
-    'llama-cpp-python is not installed; install it (a benchmark-only dependency, ~7 minutes to build) with:\n'
+    "llama-cpp-python is not installed; install it (a benchmark-only dependency, ~7 minutes to build) with:\n"
     '  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" pip install llama-cpp-python'
 )
 
@@ -110,8 +110,12 @@ def main(argv=None) -> int:
     engine = model.engine
     t0 = time.perf_counter()
     llm = llama_cpp.Llama(
-        model_path=model_path, n_threads=args.threads, n_threads_batch=args.threads,
-        n_ctx=max(1024, context), n_batch=max(512, args.prompt_tokens), verbose=False,
+        model_path=model_path,
+        n_threads=args.threads,
+        n_threads_batch=args.threads,
+        n_ctx=max(1024, context),
+        n_batch=max(512, args.prompt_tokens),
+        verbose=False,
     )
     llama_load_s = time.perf_counter() - t0
 

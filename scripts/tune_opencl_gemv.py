@@ -2,7 +2,8 @@
 
     python scripts/tune_opencl_gemv.py [--device 0]
 
-Prints achieved GB/s per shape and configuration (device time with PERFX_OPENCL_PROFILE=1); the best goes into perfx_opencl.ops.GEMV_TUNING.
+Prints achieved GB/s per shape and configuration (device time with PERFX_OPENCL_PROFILE=1);
+the best goes into perfx_opencl.ops.GEMV_TUNING.
 """
 
 from __future__ import annotations

@@ -61,8 +61,13 @@ def test_bench_prints_json_with_speeds_and_memory():
     result = perfx("bench", "--prompt-tokens", "32", "--gen-tokens", "8", "--repeat", "1", "--profile")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    for key in ("prefill_tokens_per_s", "decode_tokens_per_s", "time_to_first_token_s", "peak_host_bytes",
-                "backend_bytes"):
+    for key in (
+        "prefill_tokens_per_s",
+        "decode_tokens_per_s",
+        "time_to_first_token_s",
+        "peak_host_bytes",
+        "backend_bytes",
+    ):
         assert report[key] > 0, key
     assert "attention_decode" in report["runs"][0]["decode_op_profile_ms_per_token"]
 

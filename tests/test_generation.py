@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from golden_text import GOLDEN_TEXT
 
 from perfx_core import ContextLengthError, InvalidArgumentError
-
-from golden_text import GOLDEN_TEXT
 
 
 def test_streamed_text_is_the_decoded_tokens(smollm2):
@@ -56,8 +55,16 @@ def test_profile_reports_time_per_op(smollm2):
 
 def test_seeded_sampling_repeats_and_seeds_differ(smollm2):
     def sample(seed):
-        return smollm2.generate("Once upon a time", max_tokens=12, temperature=1.0, top_k=0, top_p=1.0,
-                                min_p=0.0, seed=seed, ignore_eos=True).run()
+        return smollm2.generate(
+            "Once upon a time",
+            max_tokens=12,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            min_p=0.0,
+            seed=seed,
+            ignore_eos=True,
+        ).run()
 
     assert sample(7) == sample(7)
     assert len({sample(s) for s in (1, 2, 3)}) > 1
@@ -117,10 +124,10 @@ def test_batched_decode_matches_one_sequence_at_a_time(smollm2):
     for prompt in prompts:
         engine.prefill(prompt, slot=0)
         singles.append(engine.decode([prompt[-1]], [0], [len(prompt)])[0])
-    for slot, prompt in zip((3, 1, 2), prompts):
+    for slot, prompt in zip((3, 1, 2), prompts, strict=True):
         engine.prefill(prompt, slot=slot)
     batched = engine.decode([p[-1] for p in prompts], [3, 1, 2], [len(p) for p in prompts])
-    for single, row in zip(singles, batched):
+    for single, row in zip(singles, batched, strict=True):
         np.testing.assert_allclose(row, single, rtol=1e-4, atol=1e-3)
 
 

@@ -13,8 +13,8 @@ from perfx_numpy.runtime import NumpyBackend
 
 from perfx_core import hookspecs
 from perfx_core.errors import PluginError
-from perfx_core.ops import PRIMITIVE_OPS
 from perfx_core.hookspecs import hookimpl
+from perfx_core.ops import PRIMITIVE_OPS
 from perfx_core.plugins import Registry, get_registry, make_plugin_manager, register_plugin, unregister_plugin
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from golden_text import GOLDEN_TEXT
+
 from perfx_core.generation import StreamingText
 from perfx_core.tokenizer import load_tokenizer
 

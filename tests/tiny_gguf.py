@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import gguf
 import numpy as np

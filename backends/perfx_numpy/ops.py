@@ -95,12 +95,13 @@ def _attend(q, keys, values, spec, start):
 
 
 def attention_decode(rt, qkv, cache, layer, slots, positions, rope, spec, out):
-    for b, (slot, pos) in enumerate(zip(slots.tolist(), positions.tolist())):
+    for b, (slot, pos) in enumerate(zip(slots.tolist(), positions.tolist(), strict=True)):
         q, k, v = _split_heads(qkv[b : b + 1], spec)
         cos, sin = rope.cos[pos : pos + 1], rope.sin[pos : pos + 1]
         cache.k[layer, slot, :, pos : pos + 1] = _rope(k, cos, sin)
         cache.v[layer, slot, :, pos : pos + 1] = v
-        mixed = _attend(_rope(q, cos, sin), cache.k[layer, slot, :, : pos + 1], cache.v[layer, slot, :, : pos + 1], spec, pos)
+        keys, values = cache.k[layer, slot, :, : pos + 1], cache.v[layer, slot, :, : pos + 1]
+        mixed = _attend(_rope(q, cos, sin), keys, values, spec, pos)
         out[b] = mixed.reshape(-1)
 
 

@@ -6,7 +6,6 @@ import os
 import platform
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import psutil
@@ -24,7 +23,7 @@ class NumpyWeight:
     """
 
     weight: Weight
-    runtime: "NumpyRuntime"
+    runtime: NumpyRuntime
     _float32: np.ndarray | None = field(default=None, repr=False)
 
     @property

@@ -289,8 +289,10 @@ class OpenCLRuntime(Runtime):
         if held is not None and held[1].size == host.size and np.array_equal(held[1], host):
             return held[0].buffer
         capacity = held[0].nbytes // 4 if held is not None else 0
-        alloc = held[0] if held is not None and capacity >= host.size else self._allocate(
-            max(64, 1 << int(host.size - 1).bit_length()) * 4
+        alloc = (
+            held[0]
+            if held is not None and capacity >= host.size
+            else self._allocate(max(64, 1 << int(host.size - 1).bit_length()) * 4)
         )
         self._index_buffers[key] = (alloc, host)
         if host.size:

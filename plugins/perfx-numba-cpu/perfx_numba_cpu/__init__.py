@@ -168,8 +168,14 @@ def _int4_matmul(rt, x, w, out) -> None:
     n = x.shape[0]
     if n <= SMALL_N:
         _run(
-            K.int4_matvec, K.int4_matvec_serial, n * layout.codes.size * 2,
-            layout.codes, layout.scales, layout.biases, x, out,
+            K.int4_matvec,
+            K.int4_matvec_serial,
+            n * layout.codes.size * 2,
+            layout.codes,
+            layout.scales,
+            layout.biases,
+            x,
+            out,
         )
         return
     if n <= BATCH_N:
@@ -207,9 +213,7 @@ def dense_gemm(rt, x, w, out) -> None:
     if x.shape[0] <= INT8_MAX_N:
         layout = _dense_layout(rt, w)
         if layout is not None:
-            _run(
-                K.int8_matvec, K.int8_matvec_serial, x.shape[0] * layout.q.size, layout.q, layout.d, _f32(x), out
-            )
+            _run(K.int8_matvec, K.int8_matvec_serial, x.shape[0] * layout.q.size, layout.q, layout.d, _f32(x), out)
             return
     np.matmul(x, w.float32().T, out=out)
 
@@ -226,8 +230,14 @@ def gate_up_silu(rt, x, w, out) -> None:
     if w.kind == "int4" and n <= SMALL_N and f % K.ROWS == 0:
         layout = _int4_layout(rt, w)
         _run(
-            K.int4_gate_up_silu, K.int4_gate_up_silu_serial, n * layout.codes.size * 2,
-            layout.codes, layout.scales, layout.biases, _f32(x), out,
+            K.int4_gate_up_silu,
+            K.int4_gate_up_silu_serial,
+            n * layout.codes.size * 2,
+            layout.codes,
+            layout.scales,
+            layout.biases,
+            _f32(x),
+            out,
         )
         return
     gate_up = rt.scratch("gate_up_silu", (n, 2 * f))
@@ -258,14 +268,36 @@ def attention_decode(rt, qkv, cache, layer, slots, positions, rope, spec, out) -
         # This step's matmuls run in BLAS (see _int4_matmul): numba's pool, spinning after a parallel region,
         # would take the cores from BLAS's threads (a 16-sequence step measured 260 ms against 56 ms).
         K.attention_decode_serial(
-            qkv, cache.k, cache.v, layer, slots, positions, rope.cos, rope.sin,
-            spec.n_heads, spec.n_kv_heads, spec.head_dim, out,
+            qkv,
+            cache.k,
+            cache.v,
+            layer,
+            slots,
+            positions,
+            rope.cos,
+            rope.sin,
+            spec.n_heads,
+            spec.n_kv_heads,
+            spec.head_dim,
+            out,
         )
         return
     _run(
-        K.attention_decode, K.attention_decode_serial, work,
-        qkv, cache.k, cache.v, layer, slots, positions, rope.cos, rope.sin,
-        spec.n_heads, spec.n_kv_heads, spec.head_dim, out,
+        K.attention_decode,
+        K.attention_decode_serial,
+        work,
+        qkv,
+        cache.k,
+        cache.v,
+        layer,
+        slots,
+        positions,
+        rope.cos,
+        rope.sin,
+        spec.n_heads,
+        spec.n_kv_heads,
+        spec.head_dim,
+        out,
     )
 
 

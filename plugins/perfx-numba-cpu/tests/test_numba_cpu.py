@@ -19,8 +19,17 @@ pytestmark = pytest.mark.skipif(
 )
 
 REPLACED = (
-    "int4_gemv", "int4_gemm", "dense_gemm", "rmsnorm", "add_rmsnorm", "silu_mul", "attention_decode",
-    "linear", "qkv_proj", "gate_up_silu", "logits",
+    "int4_gemv",
+    "int4_gemm",
+    "dense_gemm",
+    "rmsnorm",
+    "add_rmsnorm",
+    "silu_mul",
+    "attention_decode",
+    "linear",
+    "qkv_proj",
+    "gate_up_silu",
+    "logits",
 )
 
 
