@@ -184,15 +184,10 @@ def _attention(rt, qkv, cache, layer, slots, positions, rope, spec, out):
         raise InvalidArgumentError(f"the OpenCL attention kernels take an even head_dim up to {MAX_HEAD_DIM}; got {hd}")
     c = cache.spec
     options = {"CACHE_HALF": c.dtype == "float16"}
-    slots_buf = rt.upload_ints("slots", slots)
-    positions_buf = rt.upload_ints("positions", positions)
-    rt.launch(
-        rt.kernel("attention", "store_kv", **options),
-        (_round_up(hd // 2, 32), spec.n_kv_heads, rows),
-        None,
-        qkv,
-        slots_buf,
-        positions_buf,
+    # Where the new rows go and how to read the cache: the same leading arguments for both kernels.
+    placement = (
+        rt.upload_ints("slots", slots),
+        rt.upload_ints("positions", positions),
         rope.cos,
         rope.sin,
         cache.k.buffer,
@@ -202,6 +197,13 @@ def _attention(rt, qkv, cache, layer, slots, positions, rope, spec, out):
         c.n_kv_heads,
         c.max_seq_len,
         hd,
+    )
+    rt.launch(
+        rt.kernel("attention", "store_kv", **options),
+        (_round_up(hd // 2, 32), spec.n_kv_heads, rows),
+        None,
+        qkv,
+        *placement,
         spec.q_dim,
         spec.qkv_dim,
     )
@@ -212,17 +214,7 @@ def _attention(rt, qkv, cache, layer, slots, positions, rope, spec, out):
         (ATT_WG * spec.n_heads, rows, parts),
         (ATT_WG, 1, 1),
         qkv,
-        slots_buf,
-        positions_buf,
-        rope.cos,
-        rope.sin,
-        cache.k.buffer,
-        cache.v.buffer,
-        layer,
-        c.n_slots,
-        c.n_kv_heads,
-        c.max_seq_len,
-        hd,
+        *placement,
         spec.n_heads,
         spec.qkv_dim,
         out,
