@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import operator
 import os
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -12,7 +14,7 @@ import numpy as np
 from .chat_template import render_chat
 from .config import LlamaConfig
 from .default_model import resolve_model_path
-from .errors import InvalidArgumentError, ModelFormatError
+from .errors import InvalidArgumentError, ModelFormatError, ModelNotFoundError
 from .generation import Generation, GenerationStats
 from .model import LlamaModel
 from .plugins import get_registry
@@ -34,6 +36,15 @@ class Model:
         self.metadata = metadata
         self.chat_template: str | None = metadata.get("tokenizer.chat_template")
         self.last_stats: GenerationStats | None = None
+        self._active: weakref.ref[Generation] | None = None
+
+    def _end_active_generation(self) -> None:
+        """KV slot 0 and the work buffers serve one request at a time: a new one ends the previous generation
+        (it finishes as "cancelled") instead of silently corrupting it."""
+        active = self._active() if self._active is not None else None
+        if active is not None:
+            active.close()
+        self._active = None
 
     @property
     def runtime(self):
@@ -49,7 +60,8 @@ class Model:
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """Teacher-forced logits, float32 (len(token_ids), vocab): row i predicts token i + 1."""
-        return self.engine.prefill(list(token_ids), slot=0, start=0, all_logits=True)
+        self._end_active_generation()
+        return self.engine.prefill(_token_ids(token_ids), slot=0, start=0, all_logits=True)
 
     def generate(
         self,
@@ -70,10 +82,8 @@ class Model:
 
         A string prompt is tokenized with the model's BOS convention; a list of ids is used as is.
         """
-        if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt, add_special=True)
-        else:
-            ids = [int(t) for t in prompt]
+        self._end_active_generation()
+        ids = self.tokenizer.encode(prompt, add_special=True) if isinstance(prompt, str) else _token_ids(prompt)
         sampling = SamplingParams(
             temperature=temperature,
             top_k=top_k,
@@ -93,6 +103,7 @@ class Model:
             ignore_eos=ignore_eos,
         )
         self.last_stats = generation.stats
+        self._active = weakref.ref(generation)
         return generation
 
     def chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> Generation:
@@ -117,7 +128,8 @@ class Model:
         return ids
 
     def close(self) -> None:
-        self.engine.rt.close()
+        self._end_active_generation()
+        self.engine.close()
 
 
 def load(
@@ -184,5 +196,16 @@ def _read_model(path: Path, quantize: str | None):
 
 
 def _magic(path: Path) -> bytes:
-    with open(path, "rb") as f:
-        return f.read(4)
+    try:
+        with open(path, "rb") as f:
+            return f.read(4)
+    except OSError as exc:
+        raise ModelNotFoundError(f"cannot read model file {path}: {exc.strerror or exc}") from exc
+
+
+def _token_ids(tokens: Sequence[int]) -> list[int]:
+    """Token ids as Python ints; anything else is the caller's mistake, said plainly."""
+    try:
+        return [operator.index(t) for t in tokens]
+    except TypeError:
+        raise InvalidArgumentError("token ids must be integers (or pass the prompt as a string)") from None

@@ -28,13 +28,16 @@ def _timed_run(engine, prompt: list[int], gen_tokens: int, profile: bool) -> dic
     prefill_s = time.perf_counter() - start
     if profile:
         ops.start_profiling()
-    decode_start = time.perf_counter()
-    position = len(prompt)
-    for _ in range(gen_tokens - 1):
-        token = int(np.argmax(engine.decode([token], [0], [position])[0]))
-        position += 1
-    engine.rt.synchronize()
-    decode_s = time.perf_counter() - decode_start
+    try:
+        decode_start = time.perf_counter()
+        position = len(prompt)
+        for _ in range(gen_tokens - 1):
+            token = int(np.argmax(engine.decode([token], [0], [position])[0]))
+            position += 1
+        engine.rt.synchronize()
+        decode_s = time.perf_counter() - decode_start
+    finally:
+        profile_data = ops.stop_profiling() if profile else None
     result: dict[str, Any] = {
         "prefill_s": prefill_s,
         "decode_s": decode_s,
@@ -42,8 +45,7 @@ def _timed_run(engine, prompt: list[int], gen_tokens: int, profile: bool) -> dic
         "decode_tokens_per_s": (gen_tokens - 1) / decode_s if gen_tokens > 1 else None,
         "time_to_first_token_s": prefill_s,
     }
-    if profile:
-        profile_data = ops.stop_profiling()
+    if profile_data is not None:
         steps = max(1, gen_tokens - 1)
         result["decode_op_profile_ms_per_token"] = {
             name: round(1e3 * v["seconds"] / steps, 4) for name, v in profile_data.as_dict().items()
@@ -70,38 +72,40 @@ def run_bench(
     load_start = time.perf_counter()
     model = load(model_path, backend=backend, device=device, context_length=prompt_tokens + gen_tokens)
     load_s = time.perf_counter() - load_start
-    engine = model.engine
-    rng = np.random.default_rng(seed)
-    prompt = rng.integers(0, model.config.vocab_size, size=prompt_tokens).tolist()
+    try:
+        engine = model.engine
+        rng = np.random.default_rng(seed)
+        prompt = rng.integers(0, model.config.vocab_size, size=prompt_tokens).tolist()
 
-    warm_start = time.perf_counter()
-    _timed_run(engine, prompt[: min(prompt_tokens, 16)], 3, profile=False)
-    warmup_s = time.perf_counter() - warm_start
-    runs = [_timed_run(engine, prompt, gen_tokens, profile) for _ in range(repeat)]
+        warm_start = time.perf_counter()
+        _timed_run(engine, prompt[: min(prompt_tokens, 16)], 3, profile=False)
+        warmup_s = time.perf_counter() - warm_start
+        runs = [_timed_run(engine, prompt, gen_tokens, profile) for _ in range(repeat)]
 
-    def median(key: str) -> float | None:
-        values = [r[key] for r in runs if r[key] is not None]
-        return statistics.median(values) if values else None
+        def median(key: str) -> float | None:
+            values = [r[key] for r in runs if r[key] is not None]
+            return statistics.median(values) if values else None
 
-    rt = engine.rt
-    report: dict[str, Any] = {
-        "model": str(model.path),
-        "backend": backend,
-        "device": rt.device.name,
-        "ops": dict(rt.ops.sources),
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
-        "prompt_tokens": prompt_tokens,
-        "gen_tokens": gen_tokens,
-        "repeat": repeat,
-        "load_s": load_s,
-        "warmup_s": warmup_s,
-        "prefill_tokens_per_s": median("prefill_tokens_per_s"),
-        "decode_tokens_per_s": median("decode_tokens_per_s"),
-        "time_to_first_token_s": median("time_to_first_token_s"),
-        "peak_host_bytes": peak_host_bytes(),
-        "backend_bytes": rt.allocated_bytes,
-        "backend_peak_bytes": rt.peak_allocated_bytes,
-        "runs": runs,
-    }
-    model.close()
+        rt = engine.rt
+        report: dict[str, Any] = {
+            "model": str(model.path),
+            "backend": backend,
+            "device": rt.device.name,
+            "ops": dict(rt.ops.sources),
+            "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
+            "prompt_tokens": prompt_tokens,
+            "gen_tokens": gen_tokens,
+            "repeat": repeat,
+            "load_s": load_s,
+            "warmup_s": warmup_s,
+            "prefill_tokens_per_s": median("prefill_tokens_per_s"),
+            "decode_tokens_per_s": median("decode_tokens_per_s"),
+            "time_to_first_token_s": median("time_to_first_token_s"),
+            "peak_host_bytes": peak_host_bytes(),
+            "backend_bytes": rt.allocated_bytes,
+            "backend_peak_bytes": rt.peak_allocated_bytes,
+            "runs": runs,
+        }
+    finally:
+        model.close()
     return report

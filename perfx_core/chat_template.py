@@ -75,5 +75,7 @@ def render_chat(
             bos_token=bos_token,
             eos_token=eos_token,
         )
-    except jinja2.TemplateError as exc:
-        raise ModelFormatError(f"the model's chat template failed to render: {exc}") from exc
+    except InvalidArgumentError:
+        raise  # raise_exception() in the template: the conversation is what it rejects
+    except Exception as exc:  # a template is the model file's code: any failure of it is the file's
+        raise ModelFormatError(f"the model's chat template failed to render: {type(exc).__name__}: {exc}") from exc

@@ -43,7 +43,10 @@ def _load(args: argparse.Namespace):
     from .settings import remember_model
 
     model = load(args.model, backend=args.backend, device=_device_arg(args.device), context_length=args.context)
-    remember_model(model.path)
+    try:
+        remember_model(model.path)
+    except OSError:  # a read-only config directory must not stop a run: the recent list is a convenience
+        pass
     return model
 
 
@@ -104,15 +107,29 @@ def cmd_chat(args: argparse.Namespace) -> int:
         if not line.strip():
             continue
         messages.append({"role": "user", "content": line})
-        generation = model.chat(messages, **_sampling_kwargs(args))
-        _stream(generation, args.quiet_stats)
+        generation = None
+        try:
+            generation = model.chat(messages, **_sampling_kwargs(args))
+            _stream(generation, args.quiet_stats)
+        except PerfxError as exc:  # e.g. the conversation outgrew the context: say so and keep the session
+            messages.pop()
+            print(f"\nperfx: error: {exc} (/reset starts over)", file=sys.stderr)
+            continue
+        except KeyboardInterrupt:  # Ctrl-C stops this reply, not the chat
+            print("\n[stopped]", file=sys.stderr)
+            if generation is None:
+                messages.pop()
+                continue
+            generation.close()
         messages.append({"role": "assistant", "content": generation.text})
 
 
 def cmd_backends(args: argparse.Namespace) -> int:
-    from .plugins import get_registry
+    from .plugins import FAILED_PLUGINS, get_registry
 
     registry = get_registry()
+    for name, reason in sorted(FAILED_PLUGINS.items()):
+        print(f"plugin {name!r} failed to load and is skipped: {reason}")
     for name, backend in sorted(registry.backends.items()):
         print(f"{name}  ({backend.description}; plugin {registry.backend_plugin[name]!r})")
         try:

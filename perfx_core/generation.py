@@ -30,9 +30,9 @@ class TokenEvent:
 class GenerationStats:
     prompt_tokens: int = 0
     generated_tokens: int = 0
-    time_to_first_token_s: float = 0.0  # from the call to the first sampled token (tokenizing included)
+    time_to_first_token_s: float = 0.0  # from the first next() to the first sampled token (prompt already tokenized)
     prefill_s: float = 0.0
-    decode_s: float = 0.0  # the decode steps after the first token
+    decode_s: float = 0.0  # the decode steps after the first token (includes the consumer's time between tokens)
     prefill_tokens_per_s: float = 0.0
     decode_tokens_per_s: float = 0.0
     peak_host_bytes: int = 0  # peak resident memory of this process so far
@@ -59,6 +59,7 @@ class StreamingText:
         self.ids: list[int] = []
         self._checkpoint = 0  # decode(ids[:_checkpoint]) == _checkpoint_text
         self._checkpoint_text = ""
+        self._checkpoint_head = ""  # decode of the CONTEXT_TOKENS ids before the checkpoint
         self.emitted = ""
         self.stopped = False
 
@@ -81,13 +82,13 @@ class StreamingText:
         token's text can depend on its left neighbour (SentencePiece's leading space).
         """
         start = max(0, self._checkpoint - CONTEXT_TOKENS)
-        head = self.tokenizer.decode(self.ids[start : self._checkpoint])
         tail = self.tokenizer.decode(self.ids[start:])
-        if not tail.startswith(head):
+        if not tail.startswith(self._checkpoint_head):
             return self.tokenizer.decode(self.ids)
-        text = self._checkpoint_text + tail[len(head) :]
+        text = self._checkpoint_text + tail[len(self._checkpoint_head) :]
         if len(self.ids) - self._checkpoint >= CHECKPOINT_EVERY and not text.endswith("\ufffd"):
             self._checkpoint, self._checkpoint_text = len(self.ids), text
+            self._checkpoint_head = self.tokenizer.decode(self.ids[max(0, self._checkpoint - CONTEXT_TOKENS) :])
         return text
 
     def _pending_stop_prefix(self, text: str) -> int:
@@ -180,7 +181,9 @@ class Generation:
             decode_start = time.perf_counter()
             position = len(self.prompt_ids)
             while True:
-                token = self.sampler(logits, self.prompt_ids + self.token_ids)
+                # The history only matters to the repetition penalty: do not rebuild it for every token otherwise.
+                history = self.prompt_ids + self.token_ids if self.sampler.params.repetition_penalty != 1.0 else ()
+                token = self.sampler(logits, history)
                 if not self.token_ids:
                     stats.time_to_first_token_s = time.perf_counter() - start
                     decode_start = time.perf_counter()

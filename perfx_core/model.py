@@ -190,3 +190,11 @@ class LlamaModel:
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.n_slots:
             raise InvalidArgumentError(f"slot {slot} is outside 0..{self.n_slots - 1}")
+
+    def close(self) -> None:
+        """Drop the device weights, cache and buffers, then close the runtime (its memory is freed now)."""
+        self.layers = []
+        self.cache = None
+        self._buffers = {}
+        self.embedding = self.output = self.norm = None
+        self.rt.close()

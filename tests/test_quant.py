@@ -216,3 +216,21 @@ def test_awq_closes_the_perplexity_gap_on_smollm2(smol_fp32, tmp_path):
         f"ppl fp32 {ppl['fp32']:.3f}, RTN {ppl['rtn']:.3f}, AWQ {ppl['awq']:.3f}: {100 * closed:.0f}% of the gap closed"
     )
     assert ppl["rtn"] > ppl["fp32"] and closed >= 0.4
+
+
+def test_force_never_replaces_the_source_or_a_foreign_directory(tmp_path):
+    from perfx_core.quant import quantize
+
+    src = tmp_path / "hf"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    with pytest.raises(InvalidArgumentError, match="is \\(or contains\\) the source"):
+        quantize(src, src, method="rtn", overwrite=True)
+    with pytest.raises(InvalidArgumentError, match="is \\(or contains\\) the source"):
+        quantize(src, tmp_path, method="rtn", overwrite=True)
+    foreign = tmp_path / "photos"
+    foreign.mkdir()
+    (foreign / "cat.jpg").write_bytes(b"\xff\xd8")
+    with pytest.raises(InvalidArgumentError, match="not a perfx model directory"):
+        quantize(src, foreign, method="rtn", overwrite=True)
+    assert (foreign / "cat.jpg").exists() and (src / "config.json").exists()

@@ -8,13 +8,12 @@ import threading
 import numpy as np
 import pytest
 
-from perfx_core.sampling import SamplingParams
+from perfx_core.sampling import Sampler, SamplingParams
 from perfx_core.serving.scheduler import (
     Finished,
     GenerationRequest,
     QueueFullError,
     Scheduler,
-    ServingSampler,
     TextDelta,
 )
 
@@ -125,10 +124,10 @@ def test_queue_is_bounded():
 def test_fast_sampler_draws_the_tempered_softmax_and_repeats_with_a_seed():
     logits = (np.random.default_rng(0).standard_normal(20) * 2).astype(np.float32)
     params = SamplingParams(temperature=0.7, top_k=0, top_p=1.0, min_p=0.0, seed=3)
-    sampler = ServingSampler(params)
+    sampler = Sampler(params)
     draws = [sampler(logits) for _ in range(20000)]
     expected = np.exp(logits / 0.7 - (logits / 0.7).max())
     expected /= expected.sum()
     assert np.abs(np.bincount(draws, minlength=20) / len(draws) - expected).max() < 0.015
-    again = ServingSampler(params)
+    again = Sampler(params)
     assert [again(logits) for _ in range(50)] == draws[:50]

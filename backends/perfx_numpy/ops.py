@@ -82,7 +82,7 @@ def _attend(q, keys, values, spec, start):
     group = spec.n_heads // n_kv
     t = q.shape[1]
     q = q.reshape(n_kv, group * t, hd)
-    scores = np.matmul(q, keys.transpose(0, 2, 1).astype(np.float32)) * np.float32(1.0 / np.sqrt(hd))
+    scores = np.matmul(q, keys.transpose(0, 2, 1).astype(np.float32, copy=False)) * np.float32(1.0 / np.sqrt(hd))
     scores = scores.reshape(n_kv, group, t, seq_len)
     if t > 1:
         query_pos = start + np.arange(t)[:, None]
@@ -90,7 +90,7 @@ def _attend(q, keys, values, spec, start):
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
     scores /= scores.sum(axis=-1, keepdims=True)
-    mixed = np.matmul(scores.reshape(n_kv, group * t, seq_len), values.astype(np.float32))
+    mixed = np.matmul(scores.reshape(n_kv, group * t, seq_len), values.astype(np.float32, copy=False))
     return mixed.reshape(spec.n_heads, t, hd)
 
 

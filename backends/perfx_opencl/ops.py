@@ -5,6 +5,7 @@ Shared by ``opencl`` and ``opencl-adreno``; the runtime's variant picks the kern
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -64,14 +65,19 @@ def embedding(rt, table, ids, out):
         rt.launch(kernel, (_round_up(d, 64), n), None, table.data.buffer, ids_buf, out, d)
 
 
-def gemv_tuning(rt) -> dict[str, int]:
+def gemv_tuning(rt) -> tuple[tuple[str, int], ...]:
     """Work-group shape of the int4 GEMV (RW rows x KS k-splits); PERFX_OPENCL_GEMV="RW=32,KS=8" overrides."""
-    tuning = dict(ADRENO_GEMV_TUNING if rt.variant == "adreno" else GEMV_TUNING)
-    override = os.environ.get("PERFX_OPENCL_GEMV", "")
+    return _parse_gemv_tuning(rt.variant, os.environ.get("PERFX_OPENCL_GEMV", ""))
+
+
+@functools.lru_cache(maxsize=32)
+def _parse_gemv_tuning(variant: str, override: str) -> tuple[tuple[str, int], ...]:
+    # Cached: called for every GEMV launch, where parsing the variable each time would be wasted work.
+    tuning = dict(ADRENO_GEMV_TUNING if variant == "adreno" else GEMV_TUNING)
     for item in filter(None, override.split(",")):
         key, _, value = item.partition("=")
         tuning[key.strip()] = int(value)
-    return tuning
+    return tuple(sorted(tuning.items()))
 
 
 def _int4_gemv(rt, x, w, out, n, name="int4_gemv", rows=None):
@@ -80,13 +86,14 @@ def _int4_gemv(rt, x, w, out, n, name="int4_gemv", rows=None):
     rows = w.shape[0] if rows is None else rows
     nt = 1 << max(0, (n - 1).bit_length())  # tokens per pass: n rounded up to a power of two
     tuning = gemv_tuning(rt)
+    shape = dict(tuning)
     image = rt.image_of(x)
-    kernel = rt.kernel("int4", name, NT=nt, X_IMAGE=image is not None, **tuning)
+    kernel = rt.kernel("int4", name, NT=nt, X_IMAGE=image is not None, **shape)
     x_arg = (image, x.offset) if image is not None else (x,)
     rt.launch(
         kernel,
-        (_round_up(rows, tuning["RW"]), tuning["KS"]),
-        (tuning["RW"], tuning["KS"]),
+        (_round_up(rows, shape["RW"]), shape["KS"]),
+        (shape["RW"], shape["KS"]),
         w.packed.buffer,
         w.scale.buffer,
         w.bias.buffer,

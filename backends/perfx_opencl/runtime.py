@@ -394,7 +394,8 @@ class OpenCLRuntime(Runtime):
         program = self._state.programs.get(key)
         if program is None:
             cl = self.cl
-            program = cl.Program(self.context, source)
+            with check(f"creating the program {label}"):
+                program = cl.Program(self.context, source)
             try:
                 program.build(options=list(options), devices=[self.cl_device])
             except cl.Error as exc:
@@ -418,6 +419,8 @@ class OpenCLRuntime(Runtime):
         step repeats the same launches with the same buffers. So each distinct (kernel, arguments) gets its own
         kernel object with its arguments set once; a repeat is one dict lookup and one enqueue.
         """
+        # NumPy scalars become Python numbers: keyed by value, never by the id of a short-lived object.
+        args = tuple(a.item() if isinstance(a, np.generic) else a for a in args)
         signature = (id(kernel), global_size, local_size) + tuple(
             (id(a.alloc), a.offset) if isinstance(a, CLTensor) else a if isinstance(a, (int, float)) else id(a)
             for a in args
@@ -451,7 +454,7 @@ class OpenCLRuntime(Runtime):
             else:
                 values.append(np.float32(arg))
         with check(f"setting the arguments of kernel {kernel.function_name}"):
-            private = self.cl.Kernel(kernel.program, kernel.function_name)
+            private = self.cl.Kernel(kernel.program, kernel.function_name)  # never shared: args stay put
             private.set_args(*values)
         return private, args
 
@@ -485,6 +488,8 @@ class OpenCLRuntime(Runtime):
         if not self._closed:
             self.synchronize()
             self._index_buffers.clear()
+            self._launches.clear()  # their kernel objects hold every buffer they were launched with
+            self._kernels.clear()
             self.__dict__.pop("_scratch_buffers", None)
             self._closed = True
 

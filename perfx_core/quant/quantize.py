@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 from ..formats.hf import LINEARS, expected_shapes, pick_group_size
-from ..formats.perfx_format import PerfxWriter
+from ..formats.perfx_format import PerfxWriter, is_perfx_directory
 from ..rope import rope_cos_sin
 from ..weights import SUPPORTED_GROUP_SIZES, quantize_rtn
 from .awq import awq_block
@@ -68,6 +68,7 @@ def quantize(
     out = Path(out).expanduser().resolve()
     if out.exists() and not overwrite:
         raise InvalidArgumentError(f"{out} already exists; choose another output or pass overwrite=True (--force)")
+    _check_replaceable(out, Path(src).expanduser().resolve())
     if not out.parent.is_dir():
         raise InvalidArgumentError(f"the output's parent directory {out.parent} does not exist")
     log = progress or (lambda _msg: None)
@@ -146,11 +147,25 @@ def _metadata(method, group_size, group_sizes, calibration, source, tokenizer_in
     return {"perfx_version": __version__, "source": source, "quantization": quant, "tokenizer": tokenizer_info}
 
 
+def _check_replaceable(out: Path, src: Path) -> None:
+    """--force replaces an earlier perfx output or an empty directory, never the source or anything else."""
+    if out == src or out in src.parents:
+        raise InvalidArgumentError(f"the output {out} is (or contains) the source {src}; choose another output")
+    if out.exists() and not (is_perfx_directory(out) or (out.is_dir() and not any(out.iterdir()))):
+        raise InvalidArgumentError(
+            f"{out} exists and is not a perfx model directory; --force only replaces an earlier perfx output"
+        )
+
+
 def _move_into_place(tmp: Path, out: Path) -> None:
     if not out.exists():
         os.replace(tmp, out)
         return
     aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
     os.replace(out, aside / "old")
-    os.replace(tmp, out)
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        os.replace(aside / "old", out)  # put the earlier output back: never leave OUT missing
+        raise
     shutil.rmtree(aside, ignore_errors=True)

@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -99,8 +100,8 @@ class ServerState:
             scheduler, model = self.scheduler, self.model
         if scheduler is not None:
             scheduler.stop()
-        if model is not None:
-            model.close()
+        if model is not None and (scheduler is None or scheduler.stopped):
+            model.close()  # a step still running past stop()'s timeout keeps the model; the process is ending
 
     def ready_scheduler(self) -> Scheduler:
         if self.scheduler is None:
@@ -243,7 +244,10 @@ def create_app(config: ServerConfig, on_load_failed: Callable[[BaseException], N
         try:
             scheduler = state.ready_scheduler()
             body = await _read_json(request)
-            parsed = parse_request(body, chat=chat, model_id=config.model_id, model=state.model)
+            # Rendering the chat template and tokenizing a large prompt must not stall the other streams.
+            parsed = await run_in_threadpool(
+                parse_request, body, chat=chat, model_id=config.model_id, model=state.model
+            )
         except APIError as error:
             state.metrics.requests_rejected.labels(str(error.status)).inc()
             return error_response(error)

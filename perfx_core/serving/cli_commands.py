@@ -43,7 +43,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         from .app import create_app
     except ImportError as exc:
-        raise ServeError(f"`perfx serve` needs {exc.name}: pip install 'perfx[serve]'") from None
+        raise ServeError(f"`perfx serve` needs {exc.name}, which perfx depends on: reinstall perfx") from None
     if not 0 <= args.port <= 65535:
         raise InvalidArgumentError(f"--port must be in 0..65535; got {args.port}")
     device = int(args.device) if args.device is not None and args.device.isdigit() else args.device
