@@ -7,6 +7,7 @@ through ``Runtime.to_numpy``.
 
 from __future__ import annotations
 
+import weakref
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -121,15 +122,28 @@ class Runtime(ABC):
     def kv_cache_from_numpy(self, cache: Any, k: np.ndarray, v: np.ndarray) -> None:
         """Overwrite the whole cache from host arrays in the canonical layout."""
 
-    @property
-    @abstractmethod
-    def allocated_bytes(self) -> int:
-        """Bytes this runtime holds now (weights, caches, buffers)."""
+    # -- memory accounting (shared by every runtime) ------------------------------------------------------
+    _allocated = 0
+    _peak = 0
+
+    def count_allocation(self, owner: Any, nbytes: int) -> None:
+        """Count ``nbytes`` in allocated_bytes until ``owner`` (the object holding the memory) is collected."""
+        self._allocated += nbytes
+        self._peak = max(self._peak, self._allocated)
+        weakref.finalize(owner, self._release_allocation, nbytes)
+
+    def _release_allocation(self, nbytes: int) -> None:
+        self._allocated -= nbytes
 
     @property
-    @abstractmethod
+    def allocated_bytes(self) -> int:
+        """Bytes this runtime holds now (weights, caches, buffers)."""
+        return self._allocated
+
+    @property
     def peak_allocated_bytes(self) -> int:
         """Highest allocated_bytes seen since the runtime opened."""
+        return self._peak
 
     def scratch(self, key: str, shape: tuple[int, ...], dtype: Any = np.float32) -> Any:
         """A reusable work buffer for composite ops: grows on demand, never freed while the runtime lives."""

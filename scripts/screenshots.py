@@ -11,25 +11,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "gui"))
-
-
-def wait_until(condition, timeout_s: float) -> bool:
-    from PySide6.QtCore import QEventLoop, QTimer
-
-    deadline = time.monotonic() + timeout_s
-    loop = QEventLoop()
-    poll = QTimer()
-    poll.timeout.connect(lambda: (condition() or time.monotonic() > deadline) and loop.quit())
-    poll.start(20)
-    loop.exec()
-    poll.stop()
-    return condition()
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure_gui_stall import wait_until  # noqa: E402  (a real event loop until a condition holds)
 
 
 def save(widget_pixmap, path: Path) -> None:

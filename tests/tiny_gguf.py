@@ -20,6 +20,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFValueType
 
+from perfx_core.tokenizer_bpe import bytes_to_unicode  # the table a GPT-2 vocabulary is written in
+
 TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K")
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # unk, bos, eos (as in SmolLM2)
 # A few byte-level BPE merges; each part exists before its merge, so the vocabulary is self-consistent.
@@ -67,18 +69,6 @@ def find_smollm2_gguf() -> Path:
     if not path.exists():
         pytest.skip(f"{path} is missing")
     return path
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable character map (printable Latin-1 bytes map to themselves)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    mapping = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in mapping:
-            mapping[b] = chr(256 + extra)
-            extra += 1
-    return mapping
 
 
 def tiny_vocab(vocab: int | None) -> tuple[list[str], list[int], list[str]]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import platform
-import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -56,19 +55,11 @@ class NumpyRuntime(Runtime):
 
     def __init__(self, device: DeviceInfo):
         self.device = device
-        self._allocated = 0
-        self._peak = 0
 
     def track(self, array: np.ndarray) -> np.ndarray:
         """Count ``array`` in allocated_bytes until it is garbage collected."""
-        size = int(array.nbytes)
-        self._allocated += size
-        self._peak = max(self._peak, self._allocated)
-        weakref.finalize(array, self._release, size)
+        self.count_allocation(array, int(array.nbytes))
         return array
-
-    def _release(self, size: int) -> None:
-        self._allocated -= size
 
     def empty(self, shape, dtype=np.float32):
         return self.track(np.empty(shape, dtype=dtype))
@@ -88,9 +79,7 @@ class NumpyRuntime(Runtime):
 
     def prepare_weight(self, weight: Weight) -> NumpyWeight:
         handle = NumpyWeight(weight, self)
-        self._allocated += weight.nbytes  # the host arrays are shared, not copied, but they live for the model
-        self._peak = max(self._peak, self._allocated)
-        weakref.finalize(handle, self._release, weight.nbytes)
+        self.count_allocation(handle, weight.nbytes)  # the host arrays are shared, but live for the model
         return handle
 
     def new_kv_cache(self, spec: KVCacheSpec) -> NumpyKVCache:
@@ -104,14 +93,6 @@ class NumpyRuntime(Runtime):
     def kv_cache_from_numpy(self, cache: NumpyKVCache, k, v):
         cache.k[...] = k
         cache.v[...] = v
-
-    @property
-    def allocated_bytes(self) -> int:
-        return self._allocated
-
-    @property
-    def peak_allocated_bytes(self) -> int:
-        return self._peak
 
 
 class NumpyBackend(Backend):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import time
-import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -214,8 +213,6 @@ class OpenCLRuntime(Runtime):
         # The Adreno GEMV reads activations through the texture cache when the device has images.
         self.use_images = variant == "adreno" and bool(device.image_support)
         self._image_max_texels = int(device.image_max_buffer_size) if self.use_images else 0
-        self._allocated = 0
-        self._peak = 0
         self._index_buffers: dict[str, tuple[_Allocation, np.ndarray]] = {}  # device buffer, last values sent
         self._closed = False
         self._kernels: dict[tuple, Any] = {}
@@ -233,13 +230,8 @@ class OpenCLRuntime(Runtime):
             else:
                 buffer = cl.Buffer(self.context, flags, max(nbytes, 4))  # OpenCL has no empty buffers
         alloc = _Allocation(buffer, nbytes)
-        self._allocated += nbytes
-        self._peak = max(self._peak, self._allocated)
-        weakref.finalize(alloc, self._release, nbytes)
+        self.count_allocation(alloc, nbytes)
         return alloc
-
-    def _release(self, nbytes: int) -> None:
-        self._allocated -= nbytes
 
     def empty(self, shape, dtype=np.float32) -> CLTensor:
         dtype = np.dtype(dtype)
@@ -351,14 +343,6 @@ class OpenCLRuntime(Runtime):
     def kv_cache_from_numpy(self, cache: CLKVCache, k, v):
         self.write(cache.k, k)
         self.write(cache.v, v)
-
-    @property
-    def allocated_bytes(self) -> int:
-        return self._allocated
-
-    @property
-    def peak_allocated_bytes(self) -> int:
-        return self._peak
 
     # -- programs --------------------------------------------------------------------------------------
     def kernel(self, file: str, name: str, **defines: Any) -> Any:
