@@ -179,9 +179,10 @@ def _int4_matmul(rt, x, w, out) -> None:
             out,
         )
         return
-    if n <= BATCH_N:
+    if n <= BATCH_N or w.__dict__.get("_float32") is not None:
         # Batched decode (serving): dequantizing per call would cost more than the matmul; use the NumPy
-        # backend's float copy, made once (memory for speed, only when batches this size happen).
+        # backend's float copy, made once (memory for speed, only when batches this size happen). Once it
+        # exists, prefill chunks use it too (a server interleaves them with its decode steps).
         np.matmul(x, w.float32().T, out=out)
         return
     m, k = layout.shape
