@@ -18,6 +18,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_ops import copy_bandwidth, matmul_case  # noqa: E402
+from perfx_opencl.ops import clear_plans, gemv_tuning  # noqa: E402
 
 from perfx_core.plugins import get_registry  # noqa: E402
 
@@ -35,6 +36,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
     for config in CONFIGS:
         os.environ["PERFX_OPENCL_GEMV"] = config
+        gemv_tuning.cache_clear()  # the ops read the variable once; make them read it again
+        clear_plans(rt)
         for m, k, n in SHAPES:
             row = matmul_case(rt, m, k, n, rng)
             row.update(config=config, of_copy_bw=round(row["GB/s"] / copy_gbs, 3))

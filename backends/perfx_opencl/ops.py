@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from typing import Any
 
 import numpy as np
 
@@ -65,19 +66,38 @@ def embedding(rt, table, ids, out):
         rt.launch(kernel, (_round_up(d, 64), n), None, table.data.buffer, ids_buf, out, d)
 
 
-def gemv_tuning(rt) -> tuple[tuple[str, int], ...]:
-    """Work-group shape of the int4 GEMV (RW rows x KS k-splits); PERFX_OPENCL_GEMV="RW=32,KS=8" overrides."""
-    return _parse_gemv_tuning(rt.variant, os.environ.get("PERFX_OPENCL_GEMV", ""))
+@functools.lru_cache(maxsize=8)
+def gemv_tuning(variant: str) -> dict[str, int]:
+    """Work-group shape of the int4 GEMV (RW rows x KS k-splits); PERFX_OPENCL_GEMV="RW=32,KS=8" overrides.
 
-
-@functools.lru_cache(maxsize=32)
-def _parse_gemv_tuning(variant: str, override: str) -> tuple[tuple[str, int], ...]:
-    # Cached: called for every GEMV launch, where parsing the variable each time would be wasted work.
+    Read once per variant (this sits on the per-launch path); a tuner that changes the variable calls
+    ``gemv_tuning.cache_clear()`` and ``clear_plans(rt)``.
+    """
     tuning = dict(ADRENO_GEMV_TUNING if variant == "adreno" else GEMV_TUNING)
-    for item in filter(None, override.split(",")):
+    for item in filter(None, os.environ.get("PERFX_OPENCL_GEMV", "").split(",")):
         key, _, value = item.partition("=")
         tuning[key.strip()] = int(value)
-    return tuple(sorted(tuning.items()))
+    return tuning
+
+
+def clear_plans(rt) -> None:
+    """Forget the launch plans of ``rt`` (after changing the tuning)."""
+    rt.__dict__.pop("_gemv_plans", None)
+
+
+def _gemv_plan(rt, name: str, nt: int, rows: int, image: bool) -> tuple[Any, tuple[int, int], tuple[int, int]]:
+    """(kernel, global size, local size) of a GEMV launch, worked out once per shape and kept on the runtime."""
+    plans = rt.__dict__.setdefault("_gemv_plans", {})
+    plan = plans.get((name, nt, rows, image))
+    if plan is None:
+        shape = gemv_tuning(rt.variant)
+        kernel = rt.kernel("int4", name, NT=nt, X_IMAGE=image, **shape)
+        plan = plans[(name, nt, rows, image)] = (
+            kernel,
+            (_round_up(rows, shape["RW"]), shape["KS"]),
+            (shape["RW"], shape["KS"]),
+        )
+    return plan
 
 
 def _int4_gemv(rt, x, w, out, n, name="int4_gemv", rows=None):
@@ -85,15 +105,13 @@ def _int4_gemv(rt, x, w, out, n, name="int4_gemv", rows=None):
     k = w.shape[1]
     rows = w.shape[0] if rows is None else rows
     nt = 1 << max(0, (n - 1).bit_length())  # tokens per pass: n rounded up to a power of two
-    tuning = gemv_tuning(rt)
-    shape = dict(tuning)
     image = rt.image_of(x)
-    kernel = rt.kernel("int4", name, NT=nt, X_IMAGE=image is not None, **shape)
+    kernel, global_size, local_size = _gemv_plan(rt, name, nt, rows, image is not None)
     x_arg = (image, x.offset) if image is not None else (x,)
     rt.launch(
         kernel,
-        (_round_up(rows, shape["RW"]), shape["KS"]),
-        (shape["RW"], shape["KS"]),
+        global_size,
+        local_size,
         w.packed.buffer,
         w.scale.buffer,
         w.bias.buffer,

@@ -403,12 +403,21 @@ class OpenCLRuntime(Runtime):
         step repeats the same launches with the same buffers. So each distinct (kernel, arguments) gets its own
         kernel object with its arguments set once; a repeat is one dict lookup and one enqueue.
         """
-        # NumPy scalars become Python numbers: keyed by value, never by the id of a short-lived object.
-        args = tuple(a.item() if isinstance(a, np.generic) else a for a in args)
-        signature = (id(kernel), global_size, local_size) + tuple(
-            (id(a.alloc), a.offset) if isinstance(a, CLTensor) else a if isinstance(a, (int, float)) else id(a)
-            for a in args
-        )
+        # One pass builds the cache key (this runs for every launch, so it is kept lean). NumPy scalars become
+        # Python numbers: keyed by value, never by the id of a short-lived object.
+        key: list[Any] = [id(kernel), global_size, local_size]
+        for i, a in enumerate(args):
+            kind = type(a)
+            if kind is CLTensor:
+                key.append((id(a.alloc), a.offset))
+            elif kind is int or kind is float:
+                key.append(a)
+            elif isinstance(a, np.generic):
+                args = args[:i] + (a.item(),) + args[i + 1 :]
+                key.append(args[i])
+            else:
+                key.append(id(a))
+        signature = tuple(key)
         entry = self._launches.get(signature)
         if entry is None:
             entry = self._new_launch(kernel, args)
