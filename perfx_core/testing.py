@@ -41,15 +41,18 @@ def backend_conformance_cases(name: str, ops: list[str] | None = None) -> list[A
     return [pytest.param(name, op, id=f"{name}-{op}") for op in (ops or OP_NAMES)]
 
 
-def isolated_plugins(monkeypatch: Any, disable: tuple[str, ...] = ()) -> Iterator[Any]:
-    """Body of a fixture testing installed plugins: every installed plugin loads except ``disable``, the
-    registry is rebuilt before the test and again after it from the real environment.
+def isolated_plugins(monkeypatch: Any, disable: tuple[str, ...] = (), load: str | None = None) -> Iterator[Any]:
+    """Body of a fixture testing plugins: every installed plugin loads except ``disable`` (``load=""``: only the
+    built-in ones), the registry is rebuilt before the test and again after it from the real environment.
 
         @pytest.fixture
         def plugin_env(monkeypatch):
             yield from isolated_plugins(monkeypatch, disable=("a-plugin-that-outranks-mine",))
     """
-    monkeypatch.delenv("PERFX_LOAD_PLUGINS", raising=False)
+    if load is None:
+        monkeypatch.delenv("PERFX_LOAD_PLUGINS", raising=False)
+    else:
+        monkeypatch.setenv("PERFX_LOAD_PLUGINS", load)
     if disable:
         monkeypatch.setenv("PERFX_DISABLE_PLUGINS", ",".join(disable))
     else:

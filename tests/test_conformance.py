@@ -15,21 +15,18 @@ from perfx_core.errors import InvalidArgumentError
 from perfx_core.hookspecs import hookimpl
 from perfx_core.ops import OP_NAMES, PRIMITIVE_OPS
 from perfx_core.plugins import Registry, get_registry, make_plugin_manager, register_plugin, unregister_plugin
+from perfx_core.testing import isolated_plugins
 from perfx_core.weights import dequantize, quantize_rtn
 
 
 @pytest.fixture
 def clean_registry(monkeypatch):
     """Only the built-in plugins; the process-wide registry is rebuilt from the real environment afterwards."""
-    monkeypatch.setenv("PERFX_LOAD_PLUGINS", "")
-    monkeypatch.delenv("PERFX_DISABLE_PLUGINS", raising=False)
-    yield get_registry(refresh=True)
-    monkeypatch.undo()
-    get_registry(refresh=True)
+    yield from isolated_plugins(monkeypatch, load="")
 
 
 def test_numpy_backend_conforms(clean_registry):
-    report = check_backend("numpy", registry=clean_registry)
+    report = check_backend("numpy", registry=get_registry())
     assert report.passed, report.format()
     assert {r.op for r in report.results} == set(OP_NAMES)
     assert all(r.source.startswith(("numpy:", "perfx_core:")) for r in report.results)

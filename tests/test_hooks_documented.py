@@ -16,6 +16,7 @@ from perfx_core.errors import PluginError
 from perfx_core.hookspecs import hookimpl
 from perfx_core.ops import PRIMITIVE_OPS
 from perfx_core.plugins import Registry, get_registry, make_plugin_manager, register_plugin, unregister_plugin
+from perfx_core.testing import isolated_plugins
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS_DOC = ROOT / "docs" / "plugins.md"
@@ -56,11 +57,7 @@ def test_hook_has_a_test_named_after_it(name):
 @pytest.fixture
 def fresh_registry(monkeypatch):
     """Built-in plugins only, rebuilt from the real environment after the test."""
-    monkeypatch.setenv("PERFX_LOAD_PLUGINS", "")
-    monkeypatch.delenv("PERFX_DISABLE_PLUGINS", raising=False)
-    yield get_registry(refresh=True)
-    monkeypatch.undo()
-    get_registry(refresh=True)
+    yield from isolated_plugins(monkeypatch, load="")
 
 
 class TinyBackend(NumpyBackend):
