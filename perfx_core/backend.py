@@ -7,9 +7,11 @@ through ``Runtime.to_numpy``.
 
 from __future__ import annotations
 
+import math
 import weakref
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -148,12 +150,37 @@ class Runtime(ABC):
     def scratch(self, key: str, shape: tuple[int, ...], dtype: Any = np.float32) -> Any:
         """A reusable work buffer for composite ops: grows on demand, never freed while the runtime lives."""
         buffers = self.__dict__.setdefault("_scratch_buffers", {})
-        size = int(np.prod(shape))
+        size = math.prod(shape)
         held = buffers.get((key, np.dtype(dtype).str))
         if held is None or held[1] < size:
             held = (self.empty((size,), dtype), size)
             buffers[(key, np.dtype(dtype).str)] = held
         return self.view(held[0], 0, shape)
+
+    def tune(self, config: Any, quick: bool = False, progress: Any = None) -> dict[str, Any]:
+        """Search kernel parameters for a model of ``config`` on this device and cache the best (`perfx tune`);
+        returns a summary. Backends without tunable kernels keep this default."""
+        from .errors import InvalidArgumentError
+
+        raise InvalidArgumentError(f"backend {self.backend_name!r} has nothing to tune")
+
+    # -- launch graphs (optional: asynchronous backends whose per-op host work matters) -----------------
+    def graph_signature(self, positions: np.ndarray) -> Hashable | None:
+        """What, besides the batch size, decides the kernels a decode step at ``positions`` queues; None when
+        this runtime does not capture graphs (then every step runs its ops, the default)."""
+        return None
+
+    def begin_capture(self, inputs: tuple[str, ...]) -> None:
+        """Start recording what the ops queue; ``inputs`` name the index uploads a replay will supply."""
+        raise NotImplementedError
+
+    def end_capture(self) -> Any:
+        """Stop recording; the graph, or None when what was recorded cannot be replayed."""
+        raise NotImplementedError
+
+    def replay(self, graph: Any, inputs: dict[str, np.ndarray]) -> None:
+        """Queue a captured graph again with new index inputs (same sizes as when it was captured)."""
+        raise NotImplementedError
 
     def synchronize(self) -> None:
         """Wait for all queued device work (a no-op for synchronous backends)."""

@@ -174,6 +174,34 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from .plugins import get_registry
+
+    if args.llama2_7b:
+        from .synthetic import LLAMA2_7B as config
+    else:
+        from .default_model import resolve_model_path
+
+        path = resolve_model_path(args.model)
+        if path.is_dir():
+            from .formats import load_directory
+
+            config = load_directory(path).config
+        else:
+            from .gguf_file import read_gguf
+            from .gguf_loader import read_llama_config
+
+            config = read_llama_config(read_gguf(path))
+    rt = get_registry().open_runtime(args.backend, _device_arg(args.device))
+    try:
+        progress = (lambda row: print(json.dumps(row), file=sys.stderr, flush=True)) if args.verbose else None
+        summary = rt.tune(config, quick=args.quick, progress=progress)
+    finally:
+        rt.close()
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="perfx", description="int4 LLM inference on pluggable backends")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -208,6 +236,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeat", "-r", type=int, default=3)
     bench.add_argument("--profile", action="store_true", help="add time per op type (decode, ms per token)")
     bench.set_defaults(func=cmd_bench)
+
+    tune = sub.add_parser(
+        "tune", help="search a backend's kernel parameters for a model's shapes on one device; cached per device"
+    )
+    tune.add_argument("--model", "-m", help="model whose shapes to tune (default: $PERFX_MODEL or the bundled one)")
+    tune.add_argument("--llama2-7b", action="store_true", help="tune the Llama-2-7B shapes instead of a model's")
+    tune.add_argument("--backend", "-b", default="opencl")
+    tune.add_argument("--device", "-d")
+    tune.add_argument("--quick", action="store_true", help="two candidates per shape (a smoke run)")
+    tune.add_argument("--verbose", "-v", action="store_true", help="print every timing to stderr")
+    tune.set_defaults(func=cmd_tune)
     for module_name in COMMAND_MODULES:
         try:
             module = importlib.import_module(module_name)

@@ -296,6 +296,26 @@ def _qkv_case(n: int, kind: str) -> tuple[str, float, Body]:
     return f"n={n} {kind} q|k|v 192+64+64 x 128", MATMUL_LIMIT, body
 
 
+def _linear_norm_case(n: int, desc: tuple, eps: float) -> tuple[str, float, Body]:
+    """linear_add_rmsnorm: the projection's output joins ``residual`` (updated in place) and is normed."""
+
+    def body(t: _Trial, rng: np.random.Generator) -> None:
+        weight = _make_weight(rng, desc)
+        m, k = weight.shape
+        x, residual = _activations(rng, (n, k)), _activations(rng, (n, m), decades=2.0)
+        norm_weight = (1.0 + 0.3 * rng.standard_normal(m)).astype(np.float32)
+        out = t.output("out", (n, m))
+        t.rt.ops.linear_add_rmsnorm(
+            t.input("x", x), t.weight(weight), t.scratch_input("residual", residual), t.input("weight", norm_weight),
+            eps, out,
+        )
+        new_residual, normed = reference.linear_add_rmsnorm(x, weight, residual, norm_weight, eps)
+        t.compare("out", normed, MATMUL_LIMIT)
+        t.compare("residual", new_residual, MATMUL_LIMIT, main=False)
+
+    return f"n={n} {_describe(desc)} eps={eps:g}", MATMUL_LIMIT, body
+
+
 def _embedding_case(n: int, desc: tuple) -> tuple[str, float, Body]:
     limit = MATMUL_LIMIT if desc[0] == "int4" else EXACT_LIMIT
 
@@ -346,12 +366,18 @@ def _silu_case(n: int, f: int) -> tuple[str, float, Body]:
 
 
 def _attention_case(
-    op: str, heads: tuple[int, int, int], cache_dtype: str, slots: list[int], positions: list[int], t_len: int = 1
+    op: str,
+    heads: tuple[int, int, int],
+    cache_dtype: str,
+    slots: list[int],
+    positions: list[int],
+    t_len: int = 1,
+    max_seq: int = 128,
 ) -> tuple[str, float, Body]:
     """Decode of len(slots) sequences at ``positions``, or a prefill of t_len tokens at positions[0].. of slots[0]."""
     spec = AttentionSpec(*heads)
     kv = KVCacheSpec(
-        n_layers=2, n_slots=4, max_seq_len=128, n_kv_heads=spec.n_kv_heads, head_dim=spec.head_dim, dtype=cache_dtype
+        n_layers=2, n_slots=4, max_seq_len=max_seq, n_kv_heads=spec.n_kv_heads, head_dim=spec.head_dim, dtype=cache_dtype
     )
 
     def body(t: _Trial, rng: np.random.Generator) -> None:
@@ -446,6 +472,14 @@ def _cases(op: str) -> list[tuple[str, float, Body]]:
             _matmul_case(op, 5, ("int4", 128, 192, 32, "random")),
             _matmul_case(op, 17, ("dense", 128, 96, "float16")),
         ]
+    if op == "linear_add_rmsnorm":
+        return [
+            _linear_norm_case(1, ("int4", 129, 128, 32, "rtn"), 1e-5),
+            _linear_norm_case(5, ("int4", 576, 256, 128, "random"), 1e-6),
+            _linear_norm_case(3, ("int4", 4097, 64, 64, "random"), 1e-5),
+            _linear_norm_case(17, ("int4", 96, 128, 32, "rtn"), 1e-5),
+            _linear_norm_case(2, ("dense", 129, 96, "float16"), 1e-5),
+        ]
     if op in ("rmsnorm", "add_rmsnorm"):
         return [
             _norm_case(op, 1, 96, 1e-5),
@@ -462,6 +496,8 @@ def _cases(op: str) -> list[tuple[str, float, Body]]:
             _attention_case(op, (8, 2, 64), "float16", [1, 2, 0], [64, 1, 99]),
             _attention_case(op, (4, 1, 128), "float16", [0], [50]),
             _attention_case(op, (4, 4, 32), "float16", [0, 3, 2], [127, 0, 64]),
+            # long and short rows together: kernels that split the positions into partitions
+            _attention_case(op, (8, 2, 64), "float32", [1, 3, 0], [700, 3, 333], max_seq=720),
         ]
     if op == "attention_prefill":
         return [

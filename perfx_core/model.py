@@ -28,6 +28,8 @@ class DeviceLayer:
     w_gate_up: Any  # (2 ffn_dim, dim)
     w_down: Any  # (dim, ffn_dim)
 
+MAX_GRAPHS = 64  # recorded decode steps kept (batch sizes x attention signatures)
+
 
 class LlamaModel:
     """A Llama model placed on a runtime. ``prefill`` and ``decode`` return host float32 logits."""
@@ -59,6 +61,7 @@ class LlamaModel:
         )
         self.cache = runtime.new_kv_cache(self.cache_spec)
         self._allocate_buffers(max(prefill_chunk, n_slots))
+        self._graphs: dict[tuple[int, Any], Any] = {}  # recorded decode steps by (batch size, signature)
 
     def _upload_weights(self, weights: LlamaWeights) -> None:
         rt = self.rt
@@ -86,7 +89,6 @@ class LlamaModel:
             "h": rt.empty((max_tokens, c.dim)),  # normed input of the next matmul
             "qkv": rt.empty((max_tokens, self.attention.qkv_dim)),
             "attn": rt.empty((max_tokens, c.q_dim)),
-            "delta": rt.empty((max_tokens, c.dim)),  # output of a block, added to the residual
             "ffn": rt.empty((max_tokens, c.ffn_dim)),
             "logits": rt.empty((max(self.n_slots, 1), c.vocab_size)),
         }
@@ -101,20 +103,17 @@ class LlamaModel:
         """Run every block on ``ids``; returns the final-normed hidden rows (n, dim) on the device."""
         ops, eps, n = self.rt.ops, self.config.norm_eps, len(ids)
         x, h, qkv = self._rows("x", 0, n), self._rows("h", 0, n), self._rows("qkv", 0, n)
-        attn, delta, ffn = self._rows("attn", 0, n), self._rows("delta", 0, n), self._rows("ffn", 0, n)
+        attn, ffn = self._rows("attn", 0, n), self._rows("ffn", 0, n)
         ops.embedding(self.embedding, ids, x)
+        ops.rmsnorm(x, self.layers[0].attn_norm, eps, h)
         for i, layer in enumerate(self.layers):
-            if i == 0:
-                ops.rmsnorm(x, layer.attn_norm, eps, h)
-            else:
-                ops.add_rmsnorm(delta, x, layer.attn_norm, eps, h)
             ops.qkv_proj(h, layer.w_qkv, qkv)
             attend(qkv, i, attn)
-            ops.linear(attn, layer.wo, delta)
-            ops.add_rmsnorm(delta, x, layer.ffn_norm, eps, h)
+            ops.linear_add_rmsnorm(attn, layer.wo, x, layer.ffn_norm, eps, h)
             ops.gate_up_silu(h, layer.w_gate_up, ffn)
-            ops.linear(ffn, layer.w_down, delta)
-        ops.add_rmsnorm(delta, x, self.norm, eps, h)
+            # The block's output joins the residual stream, normed for the next block (or the final norm).
+            next_norm = self.layers[i + 1].attn_norm if i + 1 < len(self.layers) else self.norm
+            ops.linear_add_rmsnorm(ffn, layer.w_down, x, next_norm, eps, h)
         return h
 
     def _logits(self, hidden_rows: Any, n: int) -> np.ndarray:
@@ -169,13 +168,31 @@ class LlamaModel:
             self._check_slot(slot)
         if pos_arr.min() < 0 or pos_arr.max() >= self.max_seq_len:
             raise ContextLengthError(int(pos_arr.max()) + 1, 0, self.max_seq_len)
-        ops = self.rt.ops
+        ops, rt, n = self.rt.ops, self.rt, len(ids)
+        logits = self._rows("logits", 0, n)
+        # A runtime that captures graphs queues a recorded step again instead of running the ops (not while
+        # the ops are being profiled: that needs the calls).
+        signature = rt.graph_signature(pos_arr) if ops.profile is None else None
+        inputs = {"ids": ids, "slots": slots_arr, "positions": pos_arr}
+        graph = self._graphs.get((n, signature)) if signature is not None else None
+        if graph is not None:
+            rt.replay(graph, inputs)
+            return rt.to_numpy(logits)
 
         def attend(qkv: Any, layer: int, out: Any) -> None:
             ops.attention_decode(qkv, self.cache, layer, slots_arr, pos_arr, self.rope, self.attention, out)
 
-        h = self._forward(ids, attend)
-        return self._logits(h, len(ids))
+        if signature is not None:
+            rt.begin_capture(tuple(inputs))
+        try:
+            ops.logits(self._forward(ids, attend), self.output, logits)
+        finally:
+            graph = rt.end_capture() if signature is not None else None
+        if graph is not None:
+            if len(self._graphs) >= MAX_GRAPHS:
+                self._graphs.pop(next(iter(self._graphs)))  # the oldest
+            self._graphs[(n, signature)] = graph
+        return rt.to_numpy(logits)
 
     def _check_ids(self, tokens: Sequence[int]) -> np.ndarray:
         ids = np.asarray(tokens, dtype=np.int64)
@@ -196,5 +213,6 @@ class LlamaModel:
         self.layers = []
         self.cache = None
         self._buffers = {}
+        self._graphs = {}
         self.embedding = self.output = self.norm = None
         self.rt.close()

@@ -19,7 +19,8 @@ Primitive ops (a backend must implement these):
   attention_prefill(qkv (T, qkv_dim), cache, layer, slot, start, rope, spec, out (T, q_dim))
 
 Composite ops (generic versions below work on every backend; a backend may fuse them):
-  linear, qkv_proj, gate_up_silu, logits
+  linear, qkv_proj, gate_up_silu, logits,
+  linear_add_rmsnorm(x, w, residual, weight, eps, out)  residual += x @ w.T (in place); out = rmsnorm(residual)
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ PRIMITIVE_OPS = (
     "attention_decode",
     "attention_prefill",
 )
-COMPOSITE_OPS = ("linear", "qkv_proj", "gate_up_silu", "logits")
+COMPOSITE_OPS = ("linear", "qkv_proj", "gate_up_silu", "logits", "linear_add_rmsnorm")
 OP_NAMES = PRIMITIVE_OPS + COMPOSITE_OPS
 
 GENERIC_PRIORITY = -100  # generic composites lose to anything a backend or plugin registers
@@ -80,11 +81,20 @@ def generic_logits(rt, h, w_out, out) -> None:
     rt.ops.linear(h, w_out, out)
 
 
+def generic_linear_add_rmsnorm(rt, x, w, residual, weight, eps, out) -> None:
+    """residual (n, m) += x (n, k) @ w.T (in place); out (n, m) = rmsnorm(residual) * weight: a block's output
+    projection, its residual connection and the next block's input norm (one launch on a GPU that fuses it)."""
+    delta = rt.scratch("linear_add_rmsnorm", out.shape)
+    rt.ops.linear(x, w, delta)
+    rt.ops.add_rmsnorm(delta, residual, weight, eps, out)
+
+
 GENERIC_OPS: dict[str, Callable[..., None]] = {
     "linear": generic_linear,
     "qkv_proj": generic_qkv_proj,
     "gate_up_silu": generic_gate_up_silu,
     "logits": generic_logits,
+    "linear_add_rmsnorm": generic_linear_add_rmsnorm,
 }
 
 

@@ -55,6 +55,13 @@ def add_rmsnorm(x: np.ndarray, residual: np.ndarray, weight: np.ndarray, eps: fl
     return new_residual, rmsnorm(new_residual, weight, eps)
 
 
+def linear_add_rmsnorm(
+    x: np.ndarray, weight: Weight, residual: np.ndarray, norm_weight: np.ndarray, eps: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(new residual, normed output) of residual += x @ w.T; out = rmsnorm(residual) * norm_weight."""
+    return add_rmsnorm(matmul(x, weight), residual, norm_weight, eps)
+
+
 def silu(x: np.ndarray) -> np.ndarray:
     """x * sigmoid(x), written so that no exp overflows for large |x|."""
     x = np.asarray(x, dtype=np.float64)

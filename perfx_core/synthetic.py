@@ -57,3 +57,15 @@ def random_llama_weights(config: LlamaConfig, group_size: int = 128, seed: int =
     embedding = random_int4(config.vocab_size, d, group_size, rng)
     output = embedding if config.tied_embeddings else random_int4(config.vocab_size, d, group_size, rng)
     return LlamaWeights(embedding, layers, norm(), output)
+
+
+COLD_BYTES_DEFAULT = 256 << 20  # assumed last-level cache when a backend does not report its own
+
+
+def cold_copies(rt, weight: Int4Weight, max_copies: int = 64) -> list:
+    """Prepared copies of ``weight``, together at least 4x the device's last-level cache (``cache_bytes`` in
+    its details), so a benchmark cycling through them reads memory as a model does, not a warm cache: a
+    4096x4096 int4 matrix (8.4 MB) fits in an H200's 50 MB L2, and timing it alone overstates its speed."""
+    cache = int(rt.device.details.get("cache_bytes") or COLD_BYTES_DEFAULT)
+    copies = max(1, min(max_copies, -(-4 * cache // max(1, weight.nbytes))))
+    return [rt.prepare_weight(weight) for _ in range(copies)]

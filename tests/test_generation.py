@@ -48,7 +48,7 @@ def test_profile_reports_time_per_op(smollm2):
     generation = smollm2.generate("Hello", max_tokens=3, temperature=0, ignore_eos=True, profile=True)
     generation.run()
     profile = generation.stats.op_profile
-    assert {"qkv_proj", "attention_decode", "gate_up_silu", "logits", "add_rmsnorm"} <= set(profile)
+    assert {"qkv_proj", "attention_decode", "gate_up_silu", "logits", "linear_add_rmsnorm", "rmsnorm"} <= set(profile)
     assert all(v["seconds"] > 0 and v["calls"] > 0 for v in profile.values())
     assert smollm2.runtime.ops.profile is None  # profiling is switched off again
 

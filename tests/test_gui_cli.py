@@ -42,7 +42,7 @@ def test_parameter_count_matches_the_tensor_table(smollm2_path):
     tensors = read_gguf(smollm2_path).tensors
     assert parameter_count(config) == sum(t.n_elements for t in tensors.values())
     types, op_bytes = gguf_tensor_facts(smollm2_path)
-    assert types["Q4_1"] > 0 and set(op_bytes) == {"qkv_proj", "linear", "gate_up_silu", "logits"}
+    assert types["Q4_1"] > 0 and set(op_bytes) == {"qkv_proj", "linear_add_rmsnorm", "gate_up_silu", "logits"}
 
 
 def test_op_rows_per_token_and_bandwidth():

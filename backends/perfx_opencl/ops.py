@@ -5,27 +5,33 @@ Shared by ``opencl`` and ``opencl-adreno``; the runtime's variant picks the kern
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from perfx_core.errors import InvalidArgumentError
-from perfx_core.ops import PRIMITIVE_OPS, generic_gate_up_silu
+from perfx_core.ops import PRIMITIVE_OPS, generic_gate_up_silu, generic_linear_add_rmsnorm
 
-OPS = PRIMITIVE_OPS + ("gate_up_silu",)  # gate_up_silu: fused for int4 weights and small n
+from . import tuning
+
+# Fused composites, for int4 weights and n <= SMALL_N (else the generic compositions).
+OPS = PRIMITIVE_OPS + ("gate_up_silu", "linear_add_rmsnorm")
 
 SMALL_N = 16  # up to this many tokens an int4 matmul uses the GEMV kernel, which reads W once for all of them
 DENSE_SMALL_N = 4  # the dense GEMV re-reads W per token, so it only pays for very small batches
-GEMV_TUNING = {"RW": 32, "KS": 16}  # rows per work-group x threads per row (measured: docs/opencl.md)
-ADRENO_GEMV_TUNING = {"RW": 64, "KS": 4}  # Adreno waves are 64+ wide
+GEMV_TUNING = {"RW": 32, "KS": 16, "CR": 2, "UC": 1, "XS": 0}  # measured: docs/opencl.md
+ADRENO_GEMV_TUNING = {"RW": 64, "KS": 4, "CR": 1, "UC": 1, "XS": 0}  # Adreno waves are 64+ wide
 TILE = 32  # output tile of the dense GEMM kernel (kernels/dense.cl)
 GEMM_TOKENS = 64  # tokens per int4 GEMM work-group (kernels/int4.cl), 4 per thread
 NORM_WG = 512  # threads per row of the norm kernels (kernels/elementwise.cl): one work-group per row
 ATT_WG = 128  # kernels/attention.cl
 ATT_PART = 128  # key positions per attention work-group: long contexts split over more work-groups
+DECODE_PART = int(os.environ.get("PERFX_OPENCL_DECODE_PART", 64))  # the same for the fused decode kernel
 MAX_HEAD_DIM = 256
 
 
@@ -67,46 +73,106 @@ def embedding(rt, table, ids, out):
 
 
 @functools.lru_cache(maxsize=8)
-def gemv_tuning(variant: str) -> dict[str, int]:
-    """Work-group shape of the int4 GEMV (RW rows x KS k-splits); PERFX_OPENCL_GEMV="RW=32,KS=8" overrides.
-
-    Read once per variant (this sits on the per-launch path); a tuner that changes the variable calls
-    ``gemv_tuning.cache_clear()`` and ``clear_plans(rt)``.
-    """
-    tuning = dict(ADRENO_GEMV_TUNING if variant == "adreno" else GEMV_TUNING)
+def gemv_overrides() -> dict[str, int]:
+    """PERFX_OPENCL_GEMV="RW=32,KS=8,CR=2" overrides the GEMV shape everywhere (experiments). Read once: a
+    script that changes the variable calls ``gemv_overrides.cache_clear()`` and ``clear_plans(rt)``."""
+    overrides = {}
     for item in filter(None, os.environ.get("PERFX_OPENCL_GEMV", "").split(",")):
         key, _, value = item.partition("=")
-        tuning[key.strip()] = int(value)
-    return tuning
+        overrides[key.strip()] = int(value)
+    return overrides
+
+
+def gemv_tuning(rt, silu: bool, rows: int, k: int, nt: int) -> dict[str, int]:
+    """The int4 GEMV shape for one matmul: RW row lanes x KS k-splits per work-group, CR output columns per
+    thread, UC chunks loaded together. A forced shape (tuner), else the device's `perfx tune` result for this
+    matmul, else the variant's default; then PERFX_OPENCL_GEMV."""
+    forced = rt.__dict__.get("_forced_gemv")
+    if forced is not None:
+        return dict(forced)
+    tuned = rt.__dict__.get("_gemv_tuned")
+    if tuned is None:
+        tuned = rt.__dict__["_gemv_tuned"] = tuning.load(rt)
+    config = tuned.get(tuning.shape_key(silu, rows, k, nt))
+    if config is None:
+        config = dict(ADRENO_GEMV_TUNING if rt.variant == "adreno" else GEMV_TUNING)
+        if nt > 1:
+            config["CR"] = 1  # NT accumulators per column already fill many registers
+    return {**config, **gemv_overrides()}
 
 
 def clear_plans(rt) -> None:
-    """Forget the launch plans of ``rt`` (after changing the tuning)."""
+    """Forget the launch plans and loaded tuning of ``rt`` (after the tuning changed)."""
     rt.__dict__.pop("_gemv_plans", None)
+    rt.__dict__.pop("_gemv_tuned", None)
 
 
-def _gemv_plan(rt, name: str, nt: int, rows: int, image: bool) -> tuple[Any, tuple[int, int], tuple[int, int]]:
+@contextlib.contextmanager
+def forced_gemv_tuning(rt, config: dict[str, int]) -> Iterator[None]:
+    """Run every GEMV of ``rt`` with ``config`` inside the block (the tuner's candidates)."""
+    rt.__dict__["_forced_gemv"] = dict(config)
+    clear_plans(rt)
+    try:
+        yield
+    finally:
+        rt.__dict__.pop("_forced_gemv", None)
+        clear_plans(rt)
+
+
+def _fit_work_group(rt, config: dict[str, int], row_slots: int, nt: int, extra_local: int) -> dict[str, int]:
+    """Halve KS until the work-group and its local partial sums (KS x RW x row slots x NT floats, plus
+    ``extra_local`` bytes) fit the device."""
+    config = dict(config)
+    local_budget = rt.device.details.get("local_memory_bytes", 32768) - 1024 - extra_local
+    max_group = rt.device.details.get("max_work_group_size", 256)
+    while config["KS"] > 1 and (
+        config["KS"] * config["RW"] * row_slots * nt * 4 > local_budget or config["KS"] * config["RW"] > max_group
+    ):
+        config["KS"] //= 2
+    return config
+
+
+def _gemv_plan(
+    rt, silu: bool, nt: int, rows: int, k: int, x_form: str, add_norm: bool = False
+) -> tuple[Any, tuple[int, int], tuple[int, int]]:
     """(kernel, global size, local size) of a GEMV launch, worked out once per shape and kept on the runtime."""
     plans = rt.__dict__.setdefault("_gemv_plans", {})
-    plan = plans.get((name, nt, rows, image))
+    key = (silu, nt, rows, k, x_form, add_norm)
+    plan = plans.get(key)
     if plan is None:
-        shape = gemv_tuning(rt.variant)
-        kernel = rt.kernel("int4", name, NT=nt, X_IMAGE=image, **shape)
-        plan = plans[(name, nt, rows, image)] = (
+        config = gemv_tuning(rt, silu, rows, k, nt)
+        # XS=1: chunk sums of x shared in local memory (n = 1 only; the kernel is then built per k).
+        xsum_chunks = k // 32 if config.pop("XS", 0) and nt == 1 else 0
+        config = _fit_work_group(rt, config, config["CR"] * (2 if silu else 1), nt, 4 * xsum_chunks)
+        kernel = rt.kernel(
+            "int4",
+            "int4_gemv",
+            NT=nt,
+            SILU=silu,
+            ADD_NORM=add_norm,
+            X_IMAGE=x_form == "image",
+            X_UNALIGNED=x_form == "unaligned",
+            XSUM_CHUNKS=xsum_chunks or False,
+            **config,
+        )
+        per_group = config["RW"] * config["CR"]
+        plan = plans[key] = (
             kernel,
-            (_round_up(rows, shape["RW"]), shape["KS"]),
-            (shape["RW"], shape["KS"]),
+            ((rows + per_group - 1) // per_group * config["RW"], config["KS"]),
+            (config["RW"], config["KS"]),
         )
     return plan
 
 
-def _int4_gemv(rt, x, w, out, n, name="int4_gemv", rows=None):
-    """GEMV over ``rows`` output rows (default: all of W's) for n <= SMALL_N tokens, W read once."""
+def _int4_gemv(rt, x, w, out, n, silu=False, epilogue=()):
+    """GEMV for n <= SMALL_N tokens, W read once for all of them; with ``silu`` W is [W_gate; W_up]; a
+    non-empty ``epilogue`` (residual, norm weight, eps, normed, counter) adds the add_rmsnorm tail."""
     k = w.shape[1]
-    rows = w.shape[0] if rows is None else rows
+    rows = w.shape[0] // 2 if silu else w.shape[0]
     nt = 1 << max(0, (n - 1).bit_length())  # tokens per pass: n rounded up to a power of two
     image = rt.image_of(x)
-    kernel, global_size, local_size = _gemv_plan(rt, name, nt, rows, image is not None)
+    x_form = "image" if image is not None else ("aligned" if x.offset % 4 == 0 else "unaligned")
+    kernel, global_size, local_size = _gemv_plan(rt, silu, nt, rows, k, x_form, bool(epilogue))
     x_arg = (image, x.offset) if image is not None else (x,)
     rt.launch(
         kernel,
@@ -121,6 +187,7 @@ def _int4_gemv(rt, x, w, out, n, name="int4_gemv", rows=None):
         rows,
         k,
         w.group_size.bit_length() - 1,
+        *epilogue,
     )
 
 
@@ -169,9 +236,18 @@ def dense_gemm(rt, x, w, out):
 def gate_up_silu(rt, x, w_gate_up, out):
     n, f = out.shape
     if w_gate_up.kind == "int4" and n <= SMALL_N:
-        _int4_gemv(rt, x, w_gate_up, out, n, name="int4_gemv_silu", rows=f)
+        _int4_gemv(rt, x, w_gate_up, out, n, silu=True)
     else:
         generic_gate_up_silu(rt, x, w_gate_up, out)
+
+
+def linear_add_rmsnorm(rt, x, w, residual, weight, eps, out):
+    n = out.shape[0]
+    if w.kind != "int4" or n > SMALL_N:
+        generic_linear_add_rmsnorm(rt, x, w, residual, weight, eps, out)
+        return
+    delta = rt.scratch("linear_add_rmsnorm", out.shape)
+    _int4_gemv(rt, x, w, delta, n, epilogue=(residual, weight, out, float(eps), rt.zeroed_ints("gemv_counter", 1)))
 
 
 def rmsnorm(rt, x, weight, eps, out):
@@ -201,16 +277,12 @@ def silu_mul(rt, gate_up, out):
     rt.launch(rt.kernel("elementwise", "silu_mul"), (_round_up(f, 64), n), None, gate_up, out, f)
 
 
-def _attention(rt, qkv, cache, layer, slots, positions, rope, spec, out):
-    """Rows r of qkv are new tokens of slot slots[r] at positions[r]: store their k/v, then attend."""
-    rows = len(positions)
-    hd = spec.head_dim
+def _placement(rt, cache, layer, slots, positions, rope, spec) -> tuple:
+    """Where the new rows go and how to read the cache: the leading arguments of every attention kernel."""
+    hd, c = spec.head_dim, cache.spec
     if hd % 2 or hd > MAX_HEAD_DIM:
         raise InvalidArgumentError(f"the OpenCL attention kernels take an even head_dim up to {MAX_HEAD_DIM}; got {hd}")
-    c = cache.spec
-    options = {"CACHE_HALF": c.dtype == "float16"}
-    # Where the new rows go and how to read the cache: the same leading arguments for both kernels.
-    placement = (
+    return (
         rt.upload_ints("slots", slots),
         rt.upload_ints("positions", positions),
         rope.cos,
@@ -221,8 +293,14 @@ def _attention(rt, qkv, cache, layer, slots, positions, rope, spec, out):
         c.n_slots,
         c.n_kv_heads,
         c.max_seq_len,
-        hd,
     )
+
+
+def _attention(rt, qkv, cache, layer, slots, positions, rope, spec, out):
+    """Rows r of qkv are new tokens of slot slots[r] at positions[r]: store their k/v, then attend."""
+    rows, hd = len(positions), spec.head_dim
+    options = {"CACHE_HALF": cache.spec.dtype == "float16"}
+    placement = (*_placement(rt, cache, layer, slots, positions, rope, spec), hd)
     rt.launch(
         rt.kernel("attention", "store_kv", **options),
         (_round_up(hd // 2, 32), spec.n_kv_heads, rows),
@@ -259,8 +337,33 @@ def _attention(rt, qkv, cache, layer, slots, positions, rope, spec, out):
         )
 
 
+def decode_signature(positions) -> int:
+    """What of a decode step's positions changes its launches: the fused attention's number of partitions."""
+    return (int(np.max(positions)) + DECODE_PART) // DECODE_PART
+
+
 def attention_decode(rt, qkv, cache, layer, slots, positions, rope, spec, out):
-    _attention(rt, qkv, cache, layer, slots, positions, rope, spec, out)
+    hd = spec.head_dim
+    if hd % 4:
+        _attention(rt, qkv, cache, layer, slots, positions, rope, spec, out)  # the general three-launch path
+        return
+    rows, parts = len(positions), decode_signature(positions)
+    partial = rt.scratch("attention_partial", (rows * spec.n_heads * parts * (hd + 2),))
+    rt.launch(
+        rt.kernel(
+            "attention", "attention_decode_fused", PART=DECODE_PART, HD=hd, CACHE_HALF=cache.spec.dtype == "float16"
+        ),
+        (ATT_WG * spec.n_heads, rows, parts),
+        (ATT_WG, 1, 1),
+        qkv,
+        *_placement(rt, cache, layer, slots, positions, rope, spec),
+        spec.n_heads,
+        spec.qkv_dim,
+        out,
+        1.0 / math.sqrt(hd),
+        partial,
+        rt.zeroed_ints("attention_counters", rows * spec.n_heads),
+    )
 
 
 def attention_prefill(rt, qkv, cache, layer, slot, start, rope, spec, out):

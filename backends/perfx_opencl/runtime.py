@@ -7,6 +7,7 @@ program is built once per context and options, and a build failure raises ``Kern
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -100,6 +101,7 @@ def _device_info(index: int, platform: Any, device: Any) -> DeviceInfo:
             "compute_units": int(device.max_compute_units),
             "max_work_group_size": int(device.max_work_group_size),
             "local_memory_bytes": int(device.local_mem_size),
+            "cache_bytes": int(device.global_mem_cache_size),
             "image_support": bool(device.image_support),
             "fp16": "cl_khr_fp16" in device.extensions,
         },
@@ -162,7 +164,7 @@ class CLTensor:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     def __repr__(self) -> str:
         return f"CLTensor(shape={self.shape}, dtype={self.dtype}, offset={self.offset})"
@@ -195,6 +197,32 @@ class CLKVCache:
     v: CLTensor
 
 
+# -- graphs ----------------------------------------------------------------------------------------------
+
+
+class _Capture:
+    """What the ops queue while a graph is recorded: index uploads by key, then the launches in order."""
+
+    def __init__(self, inputs: frozenset[str]):
+        self.inputs = inputs
+        self.uploads: dict[str, tuple[_Allocation, int]] = {}
+        self.values: dict[str, np.ndarray] = {}
+        self.launches: list[tuple[Any, tuple[int, ...], tuple[int, ...] | None, str]] = []
+        self.broken = ""  # why the recording cannot be replayed
+
+    def upload(self, key: str, alloc: _Allocation, host: np.ndarray) -> None:
+        if key in self.values and not np.array_equal(self.values[key], host):
+            self.broken = f"two different uploads of {key} in one step"
+        self.uploads.setdefault(key, (alloc, host.size))
+        self.values.setdefault(key, host)
+
+
+@dataclass(frozen=True)
+class _Graph:
+    uploads: tuple[tuple[str, tuple[_Allocation, int]], ...]  # key, (buffer, number of values)
+    launches: tuple[tuple[Any, tuple[int, ...], tuple[int, ...] | None, str], ...]  # kernel, sizes, name
+
+
 # -- the runtime -----------------------------------------------------------------------------------------
 
 
@@ -214,6 +242,8 @@ class OpenCLRuntime(Runtime):
         self.use_images = variant == "adreno" and bool(device.image_support)
         self._image_max_texels = int(device.image_max_buffer_size) if self.use_images else 0
         self._index_buffers: dict[str, tuple[_Allocation, np.ndarray]] = {}  # device buffer, last values sent
+        self._zeroed: dict[str, CLTensor] = {}  # see zeroed_ints
+        self._capture: _Capture | None = None  # see begin_capture
         self._closed = False
         self._kernels: dict[tuple, Any] = {}
         self._launches: dict[tuple, tuple[Any, tuple[Any, ...]]] = {}  # see launch()
@@ -224,6 +254,8 @@ class OpenCLRuntime(Runtime):
     def _allocate(self, nbytes: int, hostbuf: np.ndarray | None = None) -> _Allocation:
         cl = self.cl
         flags = cl.mem_flags.READ_WRITE
+        if hostbuf is not None and self._capture is not None:
+            self._capture.broken = "an upload of a new buffer"  # its contents would be stale in a replay
         with check(f"allocating {nbytes} bytes"):
             if hostbuf is not None and nbytes > 0:
                 buffer = cl.Buffer(self.context, flags | cl.mem_flags.COPY_HOST_PTR, hostbuf=hostbuf)
@@ -243,6 +275,8 @@ class OpenCLRuntime(Runtime):
         return CLTensor(self._allocate(array.nbytes, array), 0, array.shape, array.dtype)
 
     def to_numpy(self, tensor: CLTensor) -> np.ndarray:
+        if self._capture is not None:
+            self._capture.broken = "a read back to the host"  # host work between kernels is not replayed
         host = np.empty(tensor.shape, dtype=tensor.dtype)
         if host.size:
             with check("reading a tensor back"):
@@ -253,6 +287,8 @@ class OpenCLRuntime(Runtime):
 
     def write(self, tensor: CLTensor, array: np.ndarray) -> None:
         """Overwrite ``tensor`` with ``array`` (same number of elements, converted to the tensor's dtype)."""
+        if self._capture is not None:
+            self._capture.broken = "a blocking write"
         host = np.ascontiguousarray(array, dtype=tensor.dtype).reshape(-1)
         if host.size != tensor.size:
             raise InvalidArgumentError(f"writing {host.size} elements into a tensor of {tensor.size}")
@@ -264,7 +300,7 @@ class OpenCLRuntime(Runtime):
 
     def view(self, tensor: CLTensor, offset: int, shape) -> CLTensor:
         shape = tuple(int(s) for s in shape)
-        size = int(np.prod(shape, dtype=np.int64))
+        size = math.prod(shape)
         if offset < 0 or offset + size > tensor.size:
             raise BackendError(f"view [{offset}, {offset + size}) is outside a tensor of {tensor.size} elements")
         return CLTensor(tensor.alloc, tensor.offset + offset, shape, tensor.dtype)
@@ -279,6 +315,8 @@ class OpenCLRuntime(Runtime):
         host = np.array(values, dtype=np.int32, copy=True).reshape(-1)
         held = self._index_buffers.get(key)
         if held is not None and held[1].size == host.size and np.array_equal(held[1], host):
+            if self._capture is not None:
+                self._capture.upload(key, held[0], host)
             return held[0].buffer
         capacity = held[0].nbytes // 4 if held is not None else 0
         alloc = (
@@ -287,10 +325,22 @@ class OpenCLRuntime(Runtime):
             else self._allocate(max(64, 1 << int(host.size - 1).bit_length()) * 4)
         )
         self._index_buffers[key] = (alloc, host)
+        if self._capture is not None:
+            self._capture.upload(key, alloc, host)
         if host.size:
             with check(f"uploading {key}"):
                 self.cl.enqueue_copy(self.queue, alloc.buffer, host, is_blocking=False)
         return alloc.buffer
+
+    def zeroed_ints(self, key: str, size: int) -> CLTensor:
+        """An int32 device buffer of at least ``size`` zeros, kept per ``key``; kernels that count in it (the
+        last-work-group-merges pattern) set their counters back to zero when done, so it is filled only once."""
+        held = self._zeroed.get(key)
+        if held is None or held.size < size:
+            held = self._zeroed[key] = self.empty((max(size, 256),), np.int32)
+            with check(f"zero-filling {key}"):
+                self.cl.enqueue_fill_buffer(self.queue, held.buffer, np.int32(0), 0, held.alloc.nbytes)
+        return held
 
     def image_of(self, tensor: CLTensor) -> Any | None:
         """An image1d_buffer (one float per texel) over the whole buffer of a float32 tensor, or None if unusable."""
@@ -424,6 +474,8 @@ class OpenCLRuntime(Runtime):
             if len(self._launches) >= MAX_CACHED_LAUNCHES:
                 self._launches.pop(next(iter(self._launches)))  # oldest first: dicts keep insertion order
             self._launches[signature] = entry
+        if self._capture is not None:
+            self._capture.launches.append((entry[0], global_size, local_size, kernel.function_name))
         try:
             event = self.cl.enqueue_nd_range_kernel(self.queue, entry[0], global_size, local_size)
         except self.cl.Error as exc:
@@ -450,6 +502,75 @@ class OpenCLRuntime(Runtime):
             private = self.cl.Kernel(kernel.program, kernel.function_name)  # never shared: args stay put
             private.set_args(*values)
         return private, args
+
+    def tune(self, config: Any, quick: bool = False, progress: Any = None) -> dict[str, Any]:
+        """Tune the int4 GEMV for ``config``'s matmul shapes (perfx_opencl.tuning) and cache the result."""
+        from . import ops, tuning  # ops imports this module
+
+        best = tuning.tune_gemv(self, tuning.model_shapes(config), quick=quick, progress=progress)
+        path = tuning.save(self, best)
+        ops.clear_plans(self)  # later launches on this runtime use the new shapes
+        return {"device": self.device.name, "cache": str(path), "best": best}
+
+    # -- graphs: a decode step's launches recorded once, then queued again without running the ops ------
+    def graph_signature(self, positions: np.ndarray) -> Any:
+        """Decode steps with equal batch size and signature queue the same kernels with the same arguments
+        (only the uploaded ids, slots and positions differ), so one can be recorded and replayed: ~160
+        launches then cost an enqueue each instead of the ops' Python work. PERFX_OPENCL_GRAPHS=0 turns it off."""
+        if os.environ.get("PERFX_OPENCL_GRAPHS", "1") == "0":
+            return None
+        from . import ops  # ops imports this module
+
+        return ops.decode_signature(positions)
+
+    def begin_capture(self, inputs: tuple[str, ...]) -> None:
+        self._capture = _Capture(frozenset(inputs))
+
+    def end_capture(self) -> _Graph | None:
+        capture, self._capture = self._capture, None
+        if capture is None or capture.broken:
+            return None
+        if not set(capture.uploads) <= capture.inputs:
+            return None  # an upload a replay could not supply
+        return _Graph(tuple(capture.uploads.items()), tuple(capture.launches))
+
+    def replay(self, graph: _Graph, inputs: dict[str, np.ndarray]) -> None:
+        cl, queue = self.cl, self.queue
+        with check("replaying a decode step"):
+            for key, (alloc, size) in graph.uploads:
+                host = np.array(inputs[key], dtype=np.int32, copy=True).reshape(-1)
+                if host.size != size:
+                    raise InvalidArgumentError(f"replay: {key} has {host.size} values; the graph was made with {size}")
+                self._index_buffers[key] = (alloc, host)  # what upload_ints compares against next time
+                cl.enqueue_copy(queue, alloc.buffer, host, is_blocking=False)
+            enqueue, events = cl.enqueue_nd_range_kernel, self.kernel_events
+            for kernel, global_size, local_size, name in graph.launches:
+                event = enqueue(queue, kernel, global_size, local_size)
+                self.launch_count += 1
+                if self.launch_count % FLUSH_EVERY == 0:
+                    queue.flush()
+                if events is not None:
+                    events.append((name, event))
+
+    @contextmanager
+    def profiling(self) -> Iterator[None]:
+        """Inside the block kernels go to a profiling queue and kernel_seconds() reports their device time
+        (the tuner: small kernels finish faster than the host can queue them, so wall time hides them)."""
+        if self.kernel_events is not None:  # PERFX_OPENCL_PROFILE=1: already profiling
+            yield
+            return
+        self.synchronize()
+        saved = self.queue
+        with check("creating a profiling queue"):
+            self.queue = self.cl.CommandQueue(
+                self.context, self.cl_device, properties=self.cl.command_queue_properties.PROFILING_ENABLE
+            )
+        self.kernel_events = []
+        try:
+            yield
+        finally:
+            self.queue.finish()
+            self.queue, self.kernel_events = saved, None
 
     def kernel_seconds(self) -> dict[str, float]:
         """Device seconds per kernel name since the last call (needs PERFX_OPENCL_PROFILE=1); clears the record."""
@@ -481,6 +602,7 @@ class OpenCLRuntime(Runtime):
         if not self._closed:
             self.synchronize()
             self._index_buffers.clear()
+            self._zeroed.clear()
             self._launches.clear()  # their kernel objects hold every buffer they were launched with
             self._kernels.clear()
             self.__dict__.pop("_scratch_buffers", None)

@@ -11,7 +11,7 @@ from typing import Any
 # Matmul ops the model calls once per layer (or once per pass), and the GGUF tensors whose bytes each reads.
 MATMUL_TENSORS = {
     "qkv_proj": ("attn_q", "attn_k", "attn_v"),
-    "linear": ("attn_output", "ffn_down"),
+    "linear_add_rmsnorm": ("attn_output", "ffn_down"),
     "gate_up_silu": ("ffn_gate", "ffn_up"),
 }
 _BLOCK_TENSOR = re.compile(r"^blk\.\d+\.([a-z_]+)\.weight$")

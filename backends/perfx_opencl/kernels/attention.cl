@@ -7,11 +7,13 @@
 #define CACHE_T half
 #define LOAD_C(i, p) vload_half((i), (p))
 #define LOAD_C4(i, p) vload_half4(0, (p) + (i))
+#define LOAD_C4A(i, p) vloada_half4((i) >> 2, (p))  // i a multiple of 4: one aligned 8-byte load
 #define STORE_C(v, i, p) vstore_half((v), (i), (p))
 #else
 #define CACHE_T float
 #define LOAD_C(i, p) ((p)[i])
 #define LOAD_C4(i, p) vload4(0, (p) + (i))
+#define LOAD_C4A(i, p) (*(__global const float4*)((p) + (i)))  // i a multiple of 4: one aligned 16-byte load
 #define STORE_C(v, i, p) ((p)[i] = (v))
 #endif
 
@@ -142,3 +144,146 @@ __kernel void attention_merge(__global const float* partial, int partial_off, in
     }
     out[out_off + r * n_heads * hd + h * hd + d] = num / den;
 }
+
+// -- decode in one launch ----------------------------------------------------------------------------------
+// attention_decode_fused: one new token per row (each row its own slot), built with -DHD=<head_dim> (a multiple
+// of 4, so the loops over a head unroll and issue all their loads at once). Does what store_kv + attention +
+// attention_merge do, in one kernel:
+// - the new token's k (RoPE'd) and v come straight from qkv; one work-group per (kv head, row) writes them
+//   to the cache, and no work-group reads the cache at the new position (so no ordering is needed);
+// - every thread scores: TPK = ATT_WG / PART threads per key, each over an interleaved share of the float4s;
+// - P.V runs HD/4 threads per position (a float4 each) over ATT_WG / (HD/4) positions at a time;
+// - with several partitions, the last work-group of a (row, head) to finish merges the partials (an atomic
+//   counter per (row, head), set back to zero by that work-group), instead of a separate merge launch.
+// Global size (ATT_WG * n_heads, rows, parts), local (ATT_WG, 1, 1); counters: rows * n_heads ints, zero.
+#ifdef HD
+#define TPK (ATT_WG / PART)  // threads per key while scoring
+#define LANES (HD / 4)       // float4 lanes of a head
+#define STRIPES (ATT_WG / LANES)
+__kernel __attribute__((reqd_work_group_size(ATT_WG, 1, 1))) void attention_decode_fused(
+    __global const float* qkv, int qkv_off, __global const int* slots, __global const int* positions,
+    __global const float* cos_t, int cos_off, __global const float* sin_t, int sin_off,
+    __global CACHE_T* k_cache, __global CACHE_T* v_cache, int layer, int n_slots, int n_kv, int max_seq,
+    int n_heads, int qkv_dim, __global float* out, int out_off, float score_scale,
+    __global float* partial, int partial_off, __global int* counters, int counters_off) {
+    __local float4 q[LANES], k_new[LANES], v_new[LANES];
+    __local float p[PART * TPK];
+    __local float scratch[ATT_WG];
+    __local float4 pv[ATT_WG];
+    __local int merging;
+    const int lid = get_local_id(0), h = get_group_id(0), r = get_group_id(1), part = get_group_id(2);
+    const int parts = get_num_groups(2);
+    const int pos = positions[r], slot = slots[r], half_d = HD / 2, group = n_heads / n_kv, kv_head = h / group;
+    const int first = part * PART, count = min(PART, pos + 1 - first);  // count <= 0: nothing to score
+    const int q_at = qkv_off + r * qkv_dim + h * HD;
+    const int k_at = qkv_off + r * qkv_dim + n_heads * HD + kv_head * HD, v_at = k_at + n_kv * HD;
+    const bool holds_new = first <= pos && pos < first + PART;  // this partition ends at the new token
+    __local float* qf = (__local float*)q;
+    __local float* kf = (__local float*)k_new;
+    __local float* vf = (__local float*)v_new;
+    for (int i = lid; i < half_d; i += ATT_WG) {
+        const float c = cos_t[cos_off + pos * half_d + i], s = sin_t[sin_off + pos * half_d + i];
+        const float x1 = qkv[q_at + i], x2 = qkv[q_at + i + half_d];
+        qf[i] = x1 * c - x2 * s;
+        qf[i + half_d] = x2 * c + x1 * s;
+        if (holds_new) {
+            const float k1 = qkv[k_at + i], k2 = qkv[k_at + i + half_d];
+            kf[i] = k1 * c - k2 * s;
+            kf[i + half_d] = k2 * c + k1 * s;
+            vf[i] = qkv[v_at + i];
+            vf[i + half_d] = qkv[v_at + i + half_d];
+        }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const size_t base = cache_index(layer, slot, kv_head, first, n_slots, n_kv, max_seq, HD);
+    if (holds_new && h % group == 0) {  // the one writer of this (kv head, row)
+        const size_t at = base + (size_t)(pos - first) * HD;
+        for (int d = lid; d < HD; d += ATT_WG) {
+            STORE_C(kf[d], at + d, k_cache);
+            STORE_C(vf[d], at + d, v_cache);
+        }
+    }
+    // Scores: thread lid takes key s = lid / TPK, float4s j = lid % TPK, + TPK, ...
+    {
+        const int s = lid / TPK, j0 = lid % TPK;
+        float4 acc = (float4)(0.0f);
+        if (s < count) {
+            if (first + s == pos) {
+#pragma unroll
+                for (int j = j0; j < LANES; j += TPK) acc += q[j] * k_new[j];
+            } else {
+                const size_t key = base + (size_t)s * HD;
+#pragma unroll
+                for (int j = j0; j < LANES; j += TPK) acc += q[j] * LOAD_C4A(key + 4 * j, k_cache);
+            }
+        }
+        p[lid] = dot(acc, (float4)(1.0f));
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    float local_max = -INFINITY;
+    float score = -INFINITY;
+    if (lid < count) {
+        score = 0.0f;
+#pragma unroll
+        for (int j = 0; j < TPK; ++j) score += p[lid * TPK + j];
+        score *= score_scale;
+        local_max = score;
+    }
+    const float max_score = group_reduce(scratch, local_max, 1);  // its barriers also end the reads of p[]
+    const float e = lid < count ? exp(score - max_score) : 0.0f;
+    if (lid < PART) p[lid] = e;
+    const float sum = group_reduce(scratch, e, 0);  // its barriers also publish p[]
+    // P.V: thread (lane, stripe) owns float4 `lane` of positions stripe, stripe + STRIPES, ...
+    const int lane = lid % LANES, stripe = lid / LANES;
+    float4 acc = (float4)(0.0f);
+    if (stripe < STRIPES) {
+        const size_t at = base + 4 * lane;
+#pragma unroll 4
+        for (int s = stripe; s < count; s += STRIPES) {
+            const float4 v = first + s == pos ? v_new[lane] : LOAD_C4A(at + (size_t)s * HD, v_cache);
+            acc += p[s] * v;
+        }
+    }
+    pv[lid] = acc;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const size_t row_head = (size_t)r * n_heads + h;
+    const size_t stats = partial_off + (row_head * parts + part) * (HD + 2);
+    if (lid < LANES) {
+        float4 total = (float4)(0.0f);
+        for (int i = 0; i < STRIPES; ++i) total += pv[i * LANES + lid];
+        if (parts == 1)
+            vstore4(total / sum, 0, out + out_off + row_head * HD + 4 * lid);
+        else
+            vstore4(total, 0, partial + stats + 2 + 4 * lid);
+    }
+    if (parts == 1) return;
+    if (lid == 0) {
+        partial[stats] = count > 0 ? max_score : -INFINITY;
+        partial[stats + 1] = count > 0 ? sum : 0.0f;
+    }
+    // Publish this partition, then count it; the last of the (row, head) merges all of them.
+    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
+    if (lid == 0) merging = atomic_inc(counters + counters_off + row_head) == parts - 1;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (!merging) return;
+    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    // Volatile reads go past the (non-coherent) L1 cache to where the other work-groups' writes landed.
+    volatile __global const float* parts_at = partial + partial_off + row_head * parts * (HD + 2);
+    float m = -INFINITY;
+    for (int i = 0; i < parts; ++i) m = fmax(m, parts_at[i * (HD + 2)]);
+    for (int d = lid; d < HD; d += ATT_WG) {
+        float num = 0.0f, den = 0.0f;
+        for (int i = 0; i < parts; ++i) {
+            const float l = parts_at[i * (HD + 2) + 1];
+            if (l > 0.0f) {
+                const float w = exp(parts_at[i * (HD + 2)] - m);
+                num += w * parts_at[i * (HD + 2) + 2 + d];
+                den += w * l;
+            }
+        }
+        out[out_off + row_head * HD + d] = num / den;
+    }
+    if (lid == 0) counters[counters_off + row_head] = 0;  // ready for the next launch
+}
+#endif

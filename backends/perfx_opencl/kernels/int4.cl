@@ -16,123 +16,253 @@
 #define NT 1  // tokens multiplied per pass over the weights (batched decode: n <= NT)
 #endif
 #ifndef RW
-#define RW 32  // rows per work-group (local dimension 0)
+#define RW 32  // row lanes per work-group (local dimension 0)
 #endif
 #ifndef KS
 #define KS 8  // threads splitting one row's chunks (local dimension 1)
 #endif
-
+#ifndef CR
+#define CR 1  // output columns per thread (lr, lr + RW, ...): each activation chunk loaded once feeds them all
+#endif
+#ifdef SILU
+#define RR (2 * CR)  // weight rows per thread: the gate rows, then the matching up rows
+#else
+#define RR CR
+#endif
+#ifndef UC
+#define UC 1  // chunks per thread whose loads are issued together (memory-level parallelism)
+#endif
 
 #ifdef X_IMAGE
 // Adreno: activations through the texture path (image1d_buffer_t over the same buffer, one float per texel).
 #define X_ARG __read_only image1d_buffer_t x
-#define LOAD_X8(base)                                                                                     \
-    (float8)(read_imagef(x, (base)).x, read_imagef(x, (base) + 1).x, read_imagef(x, (base) + 2).x,      \
-             read_imagef(x, (base) + 3).x, read_imagef(x, (base) + 4).x, read_imagef(x, (base) + 5).x,  \
-             read_imagef(x, (base) + 6).x, read_imagef(x, (base) + 7).x)
-#else
+#define LOAD_X4(i)                                                                                         \
+    (float4)(read_imagef(x, (i)).x, read_imagef(x, (i) + 1).x, read_imagef(x, (i) + 2).x, read_imagef(x, (i) + 3).x)
+#elif defined(X_UNALIGNED)
 #define X_ARG __global const float* x
-#define LOAD_X8(base) vload8(0, x + (base))
+#define LOAD_X4(i) vload4(0, x + (i))
+#else
+// The host passes x_off % 4 == 0 here (else -DX_UNALIGNED): 16-byte loads, broadcast to the whole warp.
+#define X_ARG __global const float* x
+#define LOAD_X4(i) (*(__global const float4*)(x + (i)))
 #endif
 
-inline float8 codes8(uint w) {
-    return (float8)((float)(w & 15u), (float)((w >> 4) & 15u), (float)((w >> 8) & 15u), (float)((w >> 12) & 15u),
-                    (float)((w >> 16) & 15u), (float)((w >> 20) & 15u), (float)((w >> 24) & 15u),
-                    (float)(w >> 28));
+// Nibble -> float without an int-to-float conversion (a quarter-rate instruction on NVIDIA GPUs):
+// 0x4B000000 | v is the float 2^23 + v for any v < 2^23, so subtracting 2^23 gives v exactly. Masking a
+// nibble in place (no shift) gives v = code * 16^p for nibble p of a 20-bit field; the 16^-p goes into the
+// final combination of the chunk's partial sums (exact: powers of two).
+#define MAGIC 0x4B000000u
+#define MAGIC_F 8388608.0f
+#define LO_MASK ((uint4)(0xFu, 0xF0u, 0xF00u, 0xF000u))      // nibbles 0-3 of a word, in place
+#define HI_MASK ((uint4)(0xF0u, 0xF00u, 0xF000u, 0xF0000u))  // nibbles 4-7 of the word shifted right by 12
+#define LO_UNSCALE ((float4)(1.0f, 0.0625f, 0.00390625f, 0.000244140625f))
+#define HI_UNSCALE ((float4)(0.0625f, 0.00390625f, 0.000244140625f, 0.0000152587890625f))
+
+inline float4 lo_codes(uint w) { return as_float4((((uint4)(w)) & LO_MASK) | MAGIC) - MAGIC_F; }
+inline float4 hi_codes(uint w) { return as_float4((((uint4)(w >> 12)) & HI_MASK) | MAGIC) - MAGIC_F; }
+
+// The 32 activations of chunk c for token t: xv[2j] are columns 8j..8j+3 (nibbles 0-3 of word j), xv[2j+1]
+// columns 8j+4..8j+7. Returns their sum (the bias term: sum(x * (q*s + b)) = s * dot(q, x) + b * sum(x)).
+inline float load_chunk_x(X_ARG, int x_off, int t, int k, int c, float4* xv) {
+    const int base = x_off + t * k + (c << 5);
+    float4 sum = (float4)(0.0f);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        xv[i] = LOAD_X4(base + 4 * i);
+        sum += xv[i];
+    }
+    return dot(sum, (float4)(1.0f));
 }
 
-inline float dot8(float8 a, float8 b) { return dot(a.lo, b.lo) + dot(a.hi, b.hi); }
+// dot(codes of the 16-byte chunk w, the chunk's activations xv).
+inline float chunk_dot(uint4 w, const float4* xv) {
+    const float4 lo = lo_codes(w.s0) * xv[0] + lo_codes(w.s1) * xv[2] + lo_codes(w.s2) * xv[4] + lo_codes(w.s3) * xv[6];
+    const float4 hi = hi_codes(w.s0) * xv[1] + hi_codes(w.s1) * xv[3] + hi_codes(w.s2) * xv[5] + hi_codes(w.s3) * xv[7];
+    return dot(lo, LO_UNSCALE) + dot(hi, HI_UNSCALE);
+}
 
-inline float sum8(float8 v) { return dot(v.lo + v.hi, (float4)(1.0f)); }
+// The chunk's 32 weights q * s + b, in the order of load_chunk_x's xv.
+inline void dequantize_chunk(uint4 w, float s, float b, float4* wv) {
+    const float4 lo_s = s * LO_UNSCALE, hi_s = s * HI_UNSCALE;
+    wv[0] = lo_codes(w.s0) * lo_s + b, wv[1] = hi_codes(w.s0) * hi_s + b;
+    wv[2] = lo_codes(w.s1) * lo_s + b, wv[3] = hi_codes(w.s1) * hi_s + b;
+    wv[4] = lo_codes(w.s2) * lo_s + b, wv[5] = hi_codes(w.s2) * hi_s + b;
+    wv[6] = lo_codes(w.s3) * lo_s + b, wv[7] = hi_codes(w.s3) * hi_s + b;
+}
 
-// acc[t] += chunk c (codes w, scale s, bias b) dotted with token t's activations: sum(x * (q*s + b)) over a
-// chunk is s * dot(q, x) + b * sum(x).
-inline void accumulate_chunk(uint4 w, float s, float b, X_ARG, int x_off, int c, int n, int k, float* acc) {
-    const float8 q0 = codes8(w.s0), q1 = codes8(w.s1), q2 = codes8(w.s2), q3 = codes8(w.s3);
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-        if (t < n) {
-            const int base = x_off + t * k + (c << 5);
-            const float8 x0 = LOAD_X8(base), x1 = LOAD_X8(base + 8), x2 = LOAD_X8(base + 16), x3 = LOAD_X8(base + 24);
-            const float d = dot8(q0, x0) + dot8(q1, x1) + dot8(q2, x2) + dot8(q3, x3);
-            acc[t] += s * d + b * sum8(x0 + x1 + x2 + x3);
+// Weight row of the thread's row slot r. Plain GEMV: rows row0 + r*RW. SILU: slots 0..CR-1 are gate rows
+// (row0 + r*RW) and slots CR.. the matching up rows (half + row0 + (r - CR)*RW).
+#ifdef SILU
+#define SLOT_COL(row0, r) ((row0) + ((r) % CR) * RW)
+#define SLOT_ROW(row0, r, half) (SLOT_COL(row0, r) + ((r) >= CR ? (half) : 0))
+#else
+#define SLOT_COL(row0, r) ((row0) + (r) * RW)
+#define SLOT_ROW(row0, r, half) SLOT_COL(row0, r)
+#endif
+
+#ifdef ADD_NORM
+#define EPILOGUE_ARGS                                                                                       \
+    , __global float *residual, int residual_off, __global const float *norm_w, int norm_w_off,            \
+        __global float *normed, int normed_off, float eps, __global int *counter, int counter_off
+#else
+#define EPILOGUE_ARGS
+#endif
+
+#ifdef ADD_NORM
+// residual (n, d) += delta; normed = rmsnorm(residual) * norm_w, by all `size` threads of one work-group.
+// delta is read through a volatile pointer: other work-groups wrote it, past this one's L1 cache.
+inline void add_rmsnorm_rows(volatile __global const float* delta, __global float* residual,
+                             __global const float* norm_w, __global float* normed, int n, int d, float eps,
+                             __local float* scratch, int tid, int size) {
+    for (int t = 0; t < n; ++t) {
+        float sq = 0.0f;
+        for (int c = tid; c < d; c += size) {
+            const float v = residual[t * d + c] + delta[t * d + c];
+            residual[t * d + c] = v;
+            sq += v * v;
         }
-    }
-}
-
-// acc[t] += row `row` dotted with token t (t < n <= NT), over the chunks split, split + KS, ... Two chunks are
-// loaded before either is used, so each thread keeps two 16-byte loads in flight (memory-level parallelism
-// is what a GEMV needs to reach the memory bandwidth).
-inline void accumulate_row(__global const uint4* packed, __global const half* scale, __global const float* bias,
-                           X_ARG, int x_off, int row, int m, int n, int k, int group_shift, int split, float* acc) {
-    const int chunks = k >> 5;
-    int c = split;
-    for (; c + KS < chunks; c += 2 * KS) {
-        const uint4 w0 = packed[(size_t)c * m + row], w1 = packed[(size_t)(c + KS) * m + row];
-        const size_t g0 = (size_t)((c << 5) >> group_shift) * m + row;
-        const size_t g1 = (size_t)(((c + KS) << 5) >> group_shift) * m + row;
-        const float s0 = vload_half(g0, scale), b0 = bias[g0], s1 = vload_half(g1, scale), b1 = bias[g1];
-        accumulate_chunk(w0, s0, b0, x, x_off, c, n, k, acc);
-        accumulate_chunk(w1, s1, b1, x, x_off, c + KS, n, k, acc);
-    }
-    if (c < chunks) {
-        const size_t g = (size_t)((c << 5) >> group_shift) * m + row;
-        accumulate_chunk(packed[(size_t)c * m + row], vload_half(g, scale), bias[g], x, x_off, c, n, k, acc);
-    }
-}
-
-// Sums the KS partial sums of every (row, token) of the work-group; thread (lr, split = 0) gets its row's.
-inline void reduce_splits(__local float (*partial)[RW][NT], float* acc, int lr, int split) {
-#pragma unroll
-    for (int t = 0; t < NT; ++t) partial[split][lr][t] = acc[t];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (split == 0) {
-        for (int i = 1; i < KS; ++i) {
-#pragma unroll
-            for (int t = 0; t < NT; ++t) acc[t] += partial[i][lr][t];
+        scratch[tid] = sq;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        int width = 1;
+        while (width < size) width <<= 1;
+        for (int stride = width / 2; stride > 0; stride >>= 1) {
+            if (tid < stride && tid + stride < size) scratch[tid] += scratch[tid + stride];
+            barrier(CLK_LOCAL_MEM_FENCE);
         }
+        const float inv = 1.0f / sqrt(scratch[0] / (float)d + eps);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int c = tid; c < d; c += size) normed[t * d + c] = residual[t * d + c] * inv * norm_w[c];
     }
 }
+#endif
 
-// out (n, m) = x (n, k) @ W.T for n <= NT. Global size (ceil(m / RW) * RW, KS), local (RW, KS).
+// out (n, cols) = x (n, k) @ W.T for n <= NT; with -DSILU, W = [W_gate; W_up] (2 cols, k) and
+// out = silu(x @ W_gate.T) * (x @ W_up.T). With -DADD_NORM (linear_add_rmsnorm) the last work-group to
+// finish also does residual += out; normed = rmsnorm(residual) * norm_w, saving the add_rmsnorm launch
+// (a counter at `counter`, zero before the launch and set back to zero by that work-group). Each work-group covers RW * CR output columns,
+// thread (lr, split) takes column slots lr + r*RW and the chunks split, split + KS, ...; the KS partial sums
+// meet in local memory. Global size (ceil(cols / cols per work-group) * RW, KS), local (RW, KS).
 __kernel __attribute__((reqd_work_group_size(RW, KS, 1))) void int4_gemv(
     __global const uint4* packed, __global const half* scale, __global const float* bias, X_ARG, int x_off,
-    __global float* out, int out_off, int n, int m, int k, int group_shift) {
-    __local float partial[KS][RW][NT];
-    const int lr = get_local_id(0), split = get_local_id(1), row = get_global_id(0);
-    float acc[NT];
+    __global float* out, int out_off, int n, int cols, int k, int group_shift EPILOGUE_ARGS) {
+#ifdef SILU
+    const int m = 2 * cols;
+#else
+    const int m = cols;
+#endif
+    __local float partial[KS][RW][RR * NT];
+    const int lr = get_local_id(0), split = get_local_id(1);
+    const int row0 = get_group_id(0) * RW * CR + lr;
+    const int chunks = k >> 5;
+#if NT == 1 && defined(XSUM_CHUNKS)
+    // The activation's chunk sums (the bias term), computed once per work-group instead of once per thread.
+    __local float xsums[XSUM_CHUNKS];
+    for (int c = split * RW + lr; c < chunks; c += RW * KS) {
+        const int base = x_off + (c << 5);
+        float4 sum = (float4)(0.0f);
 #pragma unroll
-    for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-    if (row < m) accumulate_row(packed, scale, bias, x, x_off, row, m, n, k, group_shift, split, acc);
-    reduce_splits(partial, acc, lr, split);
-    if (split == 0 && row < m) {
-        for (int t = 0; t < n && t < NT; ++t) out[out_off + (size_t)t * m + row] = acc[t];
+        for (int i = 0; i < 8; ++i) sum += LOAD_X4(base + 4 * i);
+        xsums[c] = dot(sum, (float4)(1.0f));
     }
-}
-
-// Fused gate|up GEMV and SwiGLU for W = [W_gate; W_up] (2f, k), n <= NT:
-// out (n, f) = silu(x @ W_gate.T) * (x @ W_up.T). Global size (ceil(f / RW) * RW, KS), local (RW, KS).
-__kernel __attribute__((reqd_work_group_size(RW, KS, 1))) void int4_gemv_silu(
-    __global const uint4* packed, __global const half* scale, __global const float* bias, X_ARG, int x_off,
-    __global float* out, int out_off, int n, int f, int k, int group_shift) {
-    __local float partial[KS][RW][NT];
-    const int lr = get_local_id(0), split = get_local_id(1), col = get_global_id(0);
-    float gate[NT], up[NT];
-#pragma unroll
-    for (int t = 0; t < NT; ++t) gate[t] = up[t] = 0.0f;
-    if (col < f) {
-        accumulate_row(packed, scale, bias, x, x_off, col, 2 * f, n, k, group_shift, split, gate);
-        accumulate_row(packed, scale, bias, x, x_off, f + col, 2 * f, n, k, group_shift, split, up);
-    }
-    reduce_splits(partial, gate, lr, split);
     barrier(CLK_LOCAL_MEM_FENCE);
-    reduce_splits(partial, up, lr, split);
-    if (split == 0 && col < f) {
-        for (int t = 0; t < n && t < NT; ++t) {
-            const float g = gate[t];
-            out[out_off + (size_t)t * f + col] = g / (1.0f + exp(-g)) * up[t];
+#endif
+    float acc[RR][NT];
+#pragma unroll
+    for (int r = 0; r < RR; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+
+    for (int c0 = split; c0 < chunks; c0 += UC * KS) {
+        // Issue every load of the UC chunks x RR rows before using any of them.
+        uint4 w[UC][RR];
+        float s[UC][RR], b[UC][RR];
+#pragma unroll
+        for (int u = 0; u < UC; ++u) {
+            const int c = c0 + u * KS;
+#pragma unroll
+            for (int r = 0; r < RR; ++r) {
+                const int row = SLOT_ROW(row0, r, cols);
+                const bool live = c < chunks && SLOT_COL(row0, r) < cols;
+                const size_t g = (size_t)((c << 5) >> group_shift) * m + row;
+                w[u][r] = live ? packed[(size_t)c * m + row] : (uint4)(0u);
+                s[u][r] = live ? vload_half(g, scale) : 0.0f;
+                b[u][r] = live ? bias[g] : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < UC; ++u) {
+            const int c = c0 + u * KS;
+            if (c >= chunks) break;
+#if NT == 1
+            // One token: s * dot(q, x) + b * sum(x), the sum shared by the RR rows.
+            float4 xv[8];
+#ifdef XSUM_CHUNKS
+            const int base = x_off + (c << 5);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) xv[i] = LOAD_X4(base + 4 * i);
+            const float xsum = xsums[c];
+#else
+            const float xsum = load_chunk_x(x, x_off, 0, k, c, xv);
+#endif
+#pragma unroll
+            for (int r = 0; r < RR; ++r) acc[r][0] += s[u][r] * chunk_dot(w[u][r], xv) + b[u][r] * xsum;
+#else
+            // Several tokens: dequantize the RR chunks once (q * s + b), then per token load its activations
+            // once for all RR rows: one multiply-add per weight and token.
+            float4 wv[RR][8];
+#pragma unroll
+            for (int r = 0; r < RR; ++r) dequantize_chunk(w[u][r], s[u][r], b[u][r], wv[r]);
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t < n) {
+                    const int base = x_off + t * k + (c << 5);
+                    float4 xv[8];
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) xv[i] = LOAD_X4(base + 4 * i);
+#pragma unroll
+                    for (int r = 0; r < RR; ++r) {
+                        float4 sum = (float4)(0.0f);
+#pragma unroll
+                        for (int i = 0; i < 8; ++i) sum += wv[r][i] * xv[i];
+                        acc[r][t] += dot(sum, (float4)(1.0f));
+                    }
+                }
+            }
+#endif
         }
     }
+
+    // Reduce the KS partials: thread (lr, split) sums outputs e = split, split + KS, ... of its column lane.
+#pragma unroll
+    for (int r = 0; r < RR; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) partial[split][lr][r * NT + t] = acc[r][t];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int e = split; e < CR * NT; e += KS) {
+        const int r = e / NT, t = e % NT, col = SLOT_COL(row0, r);
+        if (t >= n || col >= cols) continue;
+        float total = 0.0f;
+        for (int i = 0; i < KS; ++i) total += partial[i][lr][r * NT + t];
+#ifdef SILU
+        float up = 0.0f;
+        for (int i = 0; i < KS; ++i) up += partial[i][lr][(r + CR) * NT + t];
+        total = total / (1.0f + exp(-total)) * up;
+#endif
+        out[out_off + (size_t)t * cols + col] = total;
+    }
+#ifdef ADD_NORM
+    __local int last;
+    mem_fence(CLK_GLOBAL_MEM_FENCE);  // this work-item's outputs reach memory before the group is counted
+    barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
+    const int tid = split * RW + lr;
+    if (tid == 0) last = atomic_inc(counter + counter_off) == (int)get_num_groups(0) - 1;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (!last) return;
+    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    add_rmsnorm_rows(out + out_off, residual + residual_off, norm_w + norm_w_off, normed + normed_off, n, cols, eps,
+                     &partial[0][0][0], tid, RW * KS);
+    if (tid == 0) counter[counter_off] = 0;
+#endif
 }
 
 // Tiled int4 GEMM for prefill: a 16x16 work-group computes a 64 (tokens) x TR (rows) block of out, 4 x RPT
