@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 import weakref
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from collections.abc import Hashable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np

@@ -306,8 +306,12 @@ def _linear_norm_case(n: int, desc: tuple, eps: float) -> tuple[str, float, Body
         norm_weight = (1.0 + 0.3 * rng.standard_normal(m)).astype(np.float32)
         out = t.output("out", (n, m))
         t.rt.ops.linear_add_rmsnorm(
-            t.input("x", x), t.weight(weight), t.scratch_input("residual", residual), t.input("weight", norm_weight),
-            eps, out,
+            t.input("x", x),
+            t.weight(weight),
+            t.scratch_input("residual", residual),
+            t.input("weight", norm_weight),
+            eps,
+            out,
         )
         new_residual, normed = reference.linear_add_rmsnorm(x, weight, residual, norm_weight, eps)
         t.compare("out", normed, MATMUL_LIMIT)
@@ -377,7 +381,12 @@ def _attention_case(
     """Decode of len(slots) sequences at ``positions``, or a prefill of t_len tokens at positions[0].. of slots[0]."""
     spec = AttentionSpec(*heads)
     kv = KVCacheSpec(
-        n_layers=2, n_slots=4, max_seq_len=max_seq, n_kv_heads=spec.n_kv_heads, head_dim=spec.head_dim, dtype=cache_dtype
+        n_layers=2,
+        n_slots=4,
+        max_seq_len=max_seq,
+        n_kv_heads=spec.n_kv_heads,
+        head_dim=spec.head_dim,
+        dtype=cache_dtype,
     )
 
     def body(t: _Trial, rng: np.random.Generator) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -24,6 +24,32 @@ class TokenEvent:
 
     id: int
     text: str
+
+
+def accept_token(
+    token: int,
+    generated: list[int],
+    streaming: StreamingText,
+    eos_ids: Collection[int],
+    ignore_eos: bool,
+    max_tokens: int,
+) -> tuple[str | None, str | None]:
+    """Apply one sampled token to a sequence (shared by Generation and the server's scheduler).
+
+    Returns (text delta, finish reason). The delta is None when the token ends the sequence without being
+    part of it (an end-of-sequence token); otherwise the token is appended to ``generated`` and its text
+    (possibly "" while a UTF-8 character or a stop string is incomplete) returned. The reason is "stop" (EOS or
+    a stop string), "length" (max_tokens reached) or None (go on).
+    """
+    if token in eos_ids and not ignore_eos:
+        return None, "stop"
+    generated.append(token)
+    delta = streaming.push(token)
+    if streaming.stopped:
+        return delta, "stop"
+    if len(generated) >= max_tokens:
+        return delta, "length"
+    return delta, None
 
 
 @dataclass
@@ -187,19 +213,15 @@ class Generation:
                 if not self.token_ids:
                     stats.time_to_first_token_s = time.perf_counter() - start
                     decode_start = time.perf_counter()
-                if token in self.tokenizer.eos_ids and not self.ignore_eos:
-                    stats.finish_reason = "stop"
-                    break
-                self.token_ids.append(token)
-                stats.generated_tokens = len(self.token_ids)
-                delta = self.streaming.push(token)
-                self.text += delta
-                yield TokenEvent(token, delta)
-                if self.streaming.stopped:
-                    stats.finish_reason = "stop"
-                    break
-                if len(self.token_ids) >= self.max_tokens:
-                    stats.finish_reason = "length"
+                delta, reason = accept_token(
+                    token, self.token_ids, self.streaming, self.tokenizer.eos_ids, self.ignore_eos, self.max_tokens
+                )
+                if delta is not None:
+                    stats.generated_tokens = len(self.token_ids)
+                    self.text += delta
+                    yield TokenEvent(token, delta)
+                if reason is not None:
+                    stats.finish_reason = reason
                     break
                 logits = model.decode([token], [self.slot], [position])[0]
                 position += 1

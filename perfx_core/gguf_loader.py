@@ -39,8 +39,8 @@ def load_llama_gguf(source: str | os.PathLike[str] | GGUFFile) -> tuple[LlamaCon
     if gf.data_offset is None:
         raise ModelFormatError(f"{gf.path} was read with tensors=False; pass the path or read_gguf(path) instead")
     config = read_llama_config(gf)
-    _check_tensor_names(gf, config)  # before converting anything, so a wrong file fails at once
-    loader = _TensorLoader(gf)
+    check_tensor_names(gf, config)  # before converting anything, so a wrong file fails at once
+    loader = TensorLoader(gf)
 
     q_order = hf_row_order(config.n_heads, config.head_dim)
     k_order = hf_row_order(config.n_kv_heads, config.head_dim)
@@ -75,7 +75,8 @@ def load_llama_gguf(source: str | os.PathLike[str] | GGUFFile) -> tuple[LlamaCon
     return config, weights, gf
 
 
-def _check_tensor_names(gf: GGUFFile, config: LlamaConfig) -> None:
+def check_tensor_names(gf: GGUFFile, config: LlamaConfig) -> None:
+    """ModelFormatError naming the missing tensors, when ``gf`` lacks any a Llama of ``config`` needs."""
     parts = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
     names = ["token_embd.weight", "output_norm.weight"]
     names += [f"blk.{i}.{part}.weight" for i in range(config.n_layers) for part in parts]
@@ -307,7 +308,7 @@ def hf_row_order(n_heads: int, head_dim: int) -> np.ndarray:
     return np.arange(n_heads * head_dim).reshape(n_heads, head_dim // 2, 2).swapaxes(1, 2).reshape(-1)
 
 
-class _TensorLoader:
+class TensorLoader:
     """Converts tensors of one GGUFFile into perfx formats, recording which types it had to re-quantize."""
 
     def __init__(self, gf: GGUFFile):

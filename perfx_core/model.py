@@ -28,7 +28,8 @@ class DeviceLayer:
     w_gate_up: Any  # (2 ffn_dim, dim)
     w_down: Any  # (dim, ffn_dim)
 
-MAX_GRAPHS = 64  # recorded decode steps kept (batch sizes x attention signatures)
+
+MAX_GRAPHS = 256  # recorded decode steps kept (batch sizes x attention signatures)
 
 
 class LlamaModel:
@@ -193,6 +194,22 @@ class LlamaModel:
                 self._graphs.pop(next(iter(self._graphs)))  # the oldest
             self._graphs[(n, signature)] = graph
         return rt.to_numpy(logits)
+
+    def warm_up(self) -> None:
+        """Run every kernel variant a server will use once (a full prefill chunk, a short prefill, and decode at
+        each power-of-two batch up to n_slots), so compiling them happens now, not in the middle of serving
+        requests (an OpenCL build takes ~0.3 s). The slots' cache contents are garbage afterwards, which is
+        harmless: a sequence writes every position before it attends to it."""
+        chunk = min(self.prefill_chunk, self.max_seq_len)
+        self.prefill([0] * chunk, slot=0)
+        self.prefill([0] * min(3, chunk), slot=0)
+        batch = 1
+        while True:
+            batch = min(batch, self.n_slots)
+            self.decode([0] * batch, list(range(batch)), [chunk - 1] * batch)
+            if batch == self.n_slots:
+                break
+            batch *= 2
 
     def _check_ids(self, tokens: Sequence[int]) -> np.ndarray:
         ids = np.asarray(tokens, dtype=np.int64)

@@ -162,7 +162,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer shapes and tokens (a smoke run)")
     parser.add_argument("--skip-e2e", action="store_true")
     parser.add_argument("--e2e-only", action="store_true", help="only the end-to-end model run")
-    parser.add_argument("--kv-dtype", default="float32", choices=("float32", "float16"), help="KV cache of the model run")
+    parser.add_argument(
+        "--kv-dtype", default="float32", choices=("float32", "float16"), help="KV cache of the model run"
+    )
     parser.add_argument("--json", help="also write the report here")
     args = parser.parse_args()
     device = int(args.device) if args.device and args.device.isdigit() else args.device
@@ -172,8 +174,12 @@ def main() -> None:
     report["copy_GB/s"] = copy_bandwidth(rt)
     tiny_in, tiny_out = rt.from_numpy(np.ones((1, 2), np.float32)), rt.empty((1, 1))
     report["tiny_launch_us"] = round(1e6 * timed(rt, lambda: rt.ops.silu_mul(tiny_in, tiny_out), batch=200), 2)
-    report["tiny_launch_host_us"] = round(1e6 * host_seconds_per_call(rt, lambda: rt.ops.silu_mul(tiny_in, tiny_out)), 2)
-    print(json.dumps({k: report[k] for k in ("device", "copy_GB/s", "tiny_launch_us", "tiny_launch_host_us")}), flush=True)
+    report["tiny_launch_host_us"] = round(
+        1e6 * host_seconds_per_call(rt, lambda: rt.ops.silu_mul(tiny_in, tiny_out)), 2
+    )
+    print(
+        json.dumps({k: report[k] for k in ("device", "copy_GB/s", "tiny_launch_us", "tiny_launch_host_us")}), flush=True
+    )
     if args.e2e_only:
         report["end_to_end"] = end_to_end(rt, args.quick, args.kv_dtype)
         print(json.dumps(report["end_to_end"]), flush=True)

@@ -118,11 +118,11 @@ async def run_level(
     }
 
 
-def engine_ceiling(model: str | None, batch: int, steps: int = 8) -> dict:
+def engine_ceiling(model: str | None, backend: str, batch: int, steps: int = 8) -> dict:
     """Decode tokens/s of the bare engine (no server) at batch 1 and ``batch``: the most batching can give."""
     import perfx_core
 
-    m = perfx_core.load(model, n_slots=batch, context_length=64)
+    m = perfx_core.load(model, backend=backend, n_slots=batch, context_length=64)
     out = {}
     try:
         for b in (1, batch):
@@ -136,6 +136,17 @@ def engine_ceiling(model: str | None, batch: int, steps: int = 8) -> dict:
     finally:
         m.close()
     return out
+
+
+def engine_seconds(url: str, headers: dict) -> dict[str, float]:
+    """Seconds the server's engine has spent per step kind (perfx_engine_step_seconds_sum in /metrics)."""
+    text = httpx.get(url + "/metrics", headers=headers, timeout=10).text
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("perfx_engine_step_seconds_sum{"):
+            kind = line.split('kind="', 1)[1].split('"', 1)[0]
+            found[kind] = float(line.split()[-1])
+    return found
 
 
 def _free_port() -> int:
@@ -208,16 +219,23 @@ def main() -> int:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     try:
         asyncio.run(run_level(url, headers, 1, 1, 4, 60))  # warm-up: first-call costs out of the numbers
-        levels = [
-            asyncio.run(run_level(url, headers, c, args.requests or max(4, 2 * c), args.max_tokens, args.time_limit))
-            for c in args.concurrency
-        ]
+        levels = []
+        for c in args.concurrency:
+            before, start = engine_seconds(url, headers), time.perf_counter()
+            level = asyncio.run(
+                run_level(url, headers, c, args.requests or max(4, 2 * c), args.max_tokens, args.time_limit)
+            )
+            wall, after = time.perf_counter() - start, engine_seconds(url, headers)
+            # The share of the level's wall time the engine was running forwards; the rest is host-side work
+            # (sampling, streaming, HTTP) or idle time between requests.
+            level["engine_busy"] = {kind: round((after[kind] - before.get(kind, 0.0)) / wall, 3) for kind in after}
+            levels.append(level)
         metrics = httpx.get(url + "/metrics", headers=headers, timeout=10).text
     finally:
         if process is not None:
             process.terminate()
             process.wait(30)
-    ceiling = engine_ceiling(args.model, 16) if args.engine_ceiling else None
+    ceiling = engine_ceiling(args.model, args.backend, 16) if args.engine_ceiling else None
     max_batch = next(
         (line.split()[-1] for line in metrics.splitlines() if line.startswith("perfx_max_decode_batch_size ")), "?"
     )
@@ -229,10 +247,11 @@ def main() -> int:
         f"{'ITL p50':>8} {'ITL p99':>8}  (ms)"
     )
     for r in levels:
+        busy = " ".join(f"{kind} {share:.0%}" for kind, share in sorted(r["engine_busy"].items()))
         print(
             f"{r['concurrency']:>5} {r['requests']:>5} {r['failed']:>4} {r['requests_per_s']:>7} "
             f"{r['output_tokens_per_s']:>9} {r['ttft_ms_p50']!s:>9} {r['ttft_ms_p99']!s:>9} "
-            f"{r['itl_ms_p50']!s:>8} {r['itl_ms_p99']!s:>8}"
+            f"{r['itl_ms_p50']!s:>8} {r['itl_ms_p99']!s:>8}  engine busy: {busy}"
         )
         for error in r["errors"]:
             print(f"      error: {error}")

@@ -69,31 +69,31 @@ def main() -> None:
         raise SystemExit("set PERFX_OPENCL_PROFILE=1 (device times come from profiling events)")
     rt = get_registry().open_runtime("opencl", args.device)
     program = rt.build(SOURCE, label="probe_gemv_memory.cl")
-    linear, chunk_major, row_block = program.linear, program.chunk_major, program.row_block
     rng = np.random.default_rng(0)
     for m, k in SHAPES:
-        weight = random_int4(m, k, 128, rng)
-        copies = cold_copies(rt, weight)
-        chunks, nbytes = k // 32, m * k // 2
-        out = rt.empty((max(args.ks * m, LINEAR_THREADS),), np.uint32)
-        x = rt.from_numpy(rng.standard_normal((1, k), dtype=np.float32))
-        y = rt.empty((1, m))
-        runs = {
-            "linear": lambda w: rt.launch(linear, (LINEAR_THREADS,), (256,), w.packed.buffer, out.buffer, nbytes // 16),
-            "chunk_major": lambda w: rt.launch(
-                chunk_major, (m, args.ks), (32, args.ks), w.packed.buffer, out.buffer, m, chunks
-            ),
-            "row_block": lambda w: rt.launch(row_block, (m, args.ks), (32, args.ks), w.packed.buffer, out.buffer, m, chunks),
-            "gemv": lambda w: rt.ops.int4_gemv(x, w, y),
-        }
-        for name, run in runs.items():
+        copies = cold_copies(rt, random_int4(m, k, 128, rng))
+        for name, run in _kernels(rt, program, m, k, args.ks, rng).items():
             rt.kernel_seconds()
             for i in range(3 * len(copies)):
                 run(copies[i % len(copies)])
-            seconds = rt.kernel_seconds()
-            total = sum(seconds.values()) / (3 * len(copies))
-            print(json.dumps({"m": m, "k": k, "kernel": name, "device_us": round(total * 1e6, 2),
-                              "GB/s": round(nbytes / total / 1e9, 1)}), flush=True)
+            total = sum(rt.kernel_seconds().values()) / (3 * len(copies))
+            row = {"m": m, "k": k, "kernel": name, "device_us": round(total * 1e6, 2)}
+            print(json.dumps({**row, "GB/s": round(m * k // 2 / total / 1e9, 1)}), flush=True)
+
+
+def _kernels(rt, program, m: int, k: int, ks: int, rng: np.random.Generator) -> dict:
+    """name -> function(prepared weight) that queues one kernel reading that weight."""
+    chunks, nbytes = k // 32, m * k // 2
+    out = rt.empty((max(ks * m, LINEAR_THREADS),), np.uint32)
+    x = rt.from_numpy(rng.standard_normal((1, k), dtype=np.float32))
+    y = rt.empty((1, m))
+    linear, chunk_major, row_block = program.linear, program.chunk_major, program.row_block
+    return {
+        "linear": lambda w: rt.launch(linear, (LINEAR_THREADS,), (256,), w.packed.buffer, out.buffer, nbytes // 16),
+        "chunk_major": lambda w: rt.launch(chunk_major, (m, ks), (32, ks), w.packed.buffer, out.buffer, m, chunks),
+        "row_block": lambda w: rt.launch(row_block, (m, ks), (32, ks), w.packed.buffer, out.buffer, m, chunks),
+        "gemv": lambda w: rt.ops.int4_gemv(x, w, y),
+    }
 
 
 if __name__ == "__main__":

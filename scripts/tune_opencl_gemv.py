@@ -32,8 +32,9 @@ def main() -> None:
     copy_gbs = copy_bandwidth(rt)
     print(json.dumps({"device": rt.device.name, "copy_GB/s": round(copy_gbs, 1)}), flush=True)
     shapes = tuning.model_shapes(LLAMA2_7B)
-    weight_bytes = {tuning.shape_key(s, c, k, 0).rsplit(":", 1)[0]: (2 * c if s else c) * k * (0.5 + 6 / 128)
-                    for s, c, k in shapes}
+    weight_bytes = {
+        tuning.shape_key(s, c, k, 0).rsplit(":", 1)[0]: (2 * c if s else c) * k * (0.5 + 6 / 128) for s, c, k in shapes
+    }
 
     def report(row: dict) -> None:
         moved = weight_bytes[row["shape"].rsplit(":", 1)[0]]

@@ -160,3 +160,124 @@ def test_smollm2_greedy_tokens_and_logits_match_numpy(registry, smollm2):
         assert nmse < 1e-4, nmse
     finally:
         model.close()
+
+
+# -- perfx tune ----------------------------------------------------------------------------------------------
+
+
+def test_perfx_tune_caches_per_device_and_the_runtime_uses_it(registry, tmp_path, monkeypatch):
+    """`perfx tune` on a real (tiny, Q4_0) GGUF: the cache file holds a shape per matmul and token count, a
+    fresh runtime launches with it, and a stale, corrupt or foreign file is ignored, never trusted."""
+    import json
+
+    from perfx_opencl import ops, tuning
+    from tiny_gguf import write_tiny_llama_gguf
+
+    from perfx_core.cli import main
+    from perfx_core.gguf_file import read_gguf
+    from perfx_core.gguf_loader import read_llama_config
+
+    monkeypatch.setenv("PERFX_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "tiny.gguf"
+    write_tiny_llama_gguf(path, tensor_type="Q4_0", dim=128, ffn_dim=256, seed=3)
+    vocab = read_llama_config(read_gguf(path)).vocab_size
+    assert main(["tune", "-b", "opencl", "-m", str(path), "--quick"]) == 0
+    rt = registry.open_runtime("opencl")
+    try:
+        path = tuning.cache_path(rt)
+        data = json.loads(path.read_text())
+        assert data["device"] == rt.device.name
+        assert data["kernel_hash"] == tuning.kernel_hash()
+        # qkv (4 heads x 32 + 2 x 2 kv heads x 32 = 256 rows), wo, gate|up (SiLU), down, logits; n = 1..16
+        assert {key.rsplit(":", 1)[0] for key in data["gemv"]} == {
+            "gemv:256x128",
+            "gemv:128x128",
+            "silu:256x128",
+            "gemv:128x256",
+            f"gemv:{vocab}x128",
+        }
+        assert len(data["gemv"]) == 5 * len(tuning.SMALL_NS)
+        chosen = data["gemv"]["silu:256x128:nt4"]
+        assert ops.gemv_tuning(rt, True, 256, 128, 4) == chosen  # a new runtime reads the file
+
+        for bad in ('{"format": 1, "kernel_hash": "0", "gemv": {}}', "{not json", '{"format": 1, "gemv": 3}'):
+            path.write_text(bad)
+            ops.clear_plans(rt)
+            assert ops.gemv_tuning(rt, True, 256, 128, 4) == {**ops.GEMV_TUNING, "CR": 1}  # the defaults
+        data["gemv"]["silu:256x128:nt4"] = {"RW": 0, "KS": 8, "CR": 1, "UC": 1, "XS": 0}  # an impossible shape
+        path.write_text(json.dumps(data))
+        ops.clear_plans(rt)
+        assert "silu:256x128:nt4" not in tuning.load(rt)
+    finally:
+        rt.close()
+
+
+def test_perfx_tune_refuses_a_backend_without_kernels(capsys):
+    from perfx_core.cli import main
+
+    assert main(["tune", "-b", "numpy", "--quick"]) == 2
+    assert "has nothing to tune" in capsys.readouterr().err
+
+
+# -- graphs --------------------------------------------------------------------------------------------------
+
+
+def test_recorded_decode_steps_replay_exactly(registry, smollm2_path, monkeypatch):
+    """Decode with graphs (recorded steps replayed) gives the logits of running every op, over batch sizes
+    1 and 3 and across attention partition boundaries (a new recording each time the signature changes)."""
+    from perfx_core.gguf_loader import load_llama_gguf
+    from perfx_core.model import LlamaModel
+
+    config, weights, _ = load_llama_gguf(smollm2_path)
+    rt = registry.open_runtime("opencl")
+    try:
+        model = LlamaModel(config, weights, rt, n_slots=3, max_seq_len=160, prefill_chunk=16)
+        prompt = [1, 504, 3458, 282, 4649, 314]
+
+        def run(graphs: str) -> list[np.ndarray]:
+            monkeypatch.setenv("PERFX_OPENCL_GRAPHS", graphs)
+            model._graphs.clear()
+            for slot in range(3):
+                model.prefill(prompt[: 3 + slot], slot=slot)
+            out, tokens = [], [7, 8, 9]
+            for step in range(70):  # positions 5..74 cross the 64-position partition boundary
+                if step % 2:
+                    logits = model.decode(tokens[:1], [0], [3 + step])
+                else:
+                    logits = model.decode(tokens, [0, 1, 2], [3 + step, 4 + step, 5 + step])
+                tokens = [int(t) for t in np.argmax(logits, axis=1)] + tokens[len(logits) :]
+                out.append(logits)
+            return out
+
+        plain = run("0")
+        assert not model._graphs
+        replays = []
+        replay = rt.replay
+        monkeypatch.setattr(rt, "replay", lambda graph, inputs: (replays.append(graph), replay(graph, inputs)))
+        replayed = run("1")
+        assert len(replays) == 70 - 4  # every step but the four first of their kind
+        assert {key[0] for key in model._graphs} == {1, 3} and len(model._graphs) == 4  # 2 sizes x 2 signatures
+        for a, b in zip(plain, replayed, strict=True):
+            np.testing.assert_array_equal(a, b)
+    finally:
+        rt.close()
+
+
+def test_a_step_that_reads_back_is_not_recorded(registry):
+    rt = registry.open_runtime("opencl")
+    try:
+        x = rt.from_numpy(np.ones((1, 4), np.float32))
+        out = rt.empty((1, 2))
+        rt.begin_capture(("ids",))
+        rt.ops.silu_mul(x, out)
+        rt.to_numpy(out)  # host work in the middle of a step: a replay would skip it
+        assert rt.end_capture() is None
+        rt.begin_capture(("ids",))
+        rt.ops.silu_mul(x, out)
+        graph = rt.end_capture()
+        assert graph is not None and len(graph.launches) == 1
+        rt.begin_capture(("ids",))
+        rt.upload_ints("positions", np.arange(3))  # an input the replay is not given
+        assert rt.end_capture() is None
+    finally:
+        rt.close()

@@ -232,6 +232,10 @@ def test_four_concurrent_streams_are_decoded_in_one_batch(server, client):
     metrics = server.metrics()
     assert metrics["perfx_max_decode_batch_size"] == 4
     assert metrics["perfx_kv_cache_slots_total"] == 4
+    # Engine time per step kind (the server is shared by the module's tests: at least this test's steps).
+    assert metrics['perfx_engine_step_seconds_count{kind="decode"}'] >= 15
+    assert metrics['perfx_engine_step_seconds_sum{kind="decode"}'] > 0
+    assert metrics['perfx_engine_step_seconds_count{kind="prefill"}'] >= 4
 
 
 def test_context_overflow_names_both_numbers(server):

@@ -55,7 +55,7 @@ def check(what: str) -> Iterator[None]:
 
 
 FLUSH_EVERY = 16  # launches between queue flushes (see launch)
-MAX_CACHED_LAUNCHES = 4096  # a 7B decode step makes ~260 distinct launches; prefill chunks add a few per size
+MAX_CACHED_LAUNCHES = 16384  # a 7B decode step makes ~160 distinct launches per batch size; prefill adds a few per size
 
 # -- devices ---------------------------------------------------------------------------------------------
 

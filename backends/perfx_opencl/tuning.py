@@ -141,11 +141,15 @@ def tune_gemv(
             x = rt.from_numpy(rng.standard_normal((n, k), dtype=np.float32))
             out = rt.empty((n, cols))
             op = ops.gate_up_silu if silu else ops.int4_gemm
+
+            def call(op=op, x=x, out=out, copies=copies, turn=turn) -> None:
+                op(rt, x, copies[next(turn) % len(copies)], out)
+
             key = shape_key(silu, cols, k, 1 << max(0, (n - 1).bit_length()))  # per NT, as the kernels are built
             timings = []
             for config in candidates(n, quick):
                 with ops.forced_gemv_tuning(rt, config), rt.profiling():
-                    seconds = device_seconds(rt, lambda: op(rt, x, copies[next(turn) % len(copies)], out))
+                    seconds = device_seconds(rt, call)
                 timings.append((seconds, config))
                 if progress:
                     progress({"shape": key, **config, "us": round(seconds * 1e6, 2)})
@@ -157,4 +161,10 @@ def model_shapes(config) -> list[tuple[bool, int, int]]:
     """(silu, output columns, k) of the int4 matmuls of a Llama model, fused the way perfx runs them."""
     d, f = config.dim, config.ffn_dim
     q_dim, kv_dim = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
-    return [(False, q_dim + 2 * kv_dim, d), (False, d, q_dim), (True, f, d), (False, d, f), (False, config.vocab_size, d)]
+    return [
+        (False, q_dim + 2 * kv_dim, d),
+        (False, d, q_dim),
+        (True, f, d),
+        (False, d, f),
+        (False, config.vocab_size, d),
+    ]

@@ -131,12 +131,12 @@ class GGUFSource(FloatSource):
 
     def __init__(self, path: Path):
         from ..gguf_file import read_gguf
-        from ..gguf_loader import _check_tensor_names, _TensorLoader, hf_row_order, read_llama_config
+        from ..gguf_loader import TensorLoader, check_tensor_names, hf_row_order, read_llama_config
 
         self.gf = read_gguf(path)
         self.config = read_llama_config(self.gf)
-        _check_tensor_names(self.gf, self.config)
-        self._loader = _TensorLoader(self.gf)
+        check_tensor_names(self.gf, self.config)
+        self._loader = TensorLoader(self.gf)
         self._q_order = hf_row_order(self.config.n_heads, self.config.head_dim)
         self._k_order = hf_row_order(self.config.n_kv_heads, self.config.head_dim)
         self.description = f"GGUF {path.name}"

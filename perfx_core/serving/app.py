@@ -66,6 +66,7 @@ class ServerState:
                 n_slots=c.max_running,
                 prefill_chunk=c.prefill_chunk,
             )
+            model.engine.warm_up()  # kernels compile now (/health still 503), not while requests wait
             scheduler = Scheduler(
                 model.engine,
                 model.tokenizer,

@@ -48,6 +48,13 @@ class ServerMetrics:
             buckets=(1, 2, 4, 8, 16, 32, 64, 128),
             registry=r,
         )
+        self.engine_seconds = Histogram(
+            "perfx_engine_step_seconds",
+            "Engine time of each scheduler step, by kind (a prefill chunk, a batched decode)",
+            ["kind"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self._gauge("perfx_model_loaded", "1 once the model is loaded and serving", lambda s: 1)
         self._gauge("perfx_requests_running", "Requests holding a KV-cache slot", lambda s: s.running)
         self._gauge("perfx_requests_waiting", "Requests queued for a slot", lambda s: s.waiting)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..generation import StreamingText
+from ..generation import StreamingText, accept_token
 from ..sampling import Sampler, SamplingParams
 
 if TYPE_CHECKING:
@@ -215,16 +215,21 @@ class Scheduler:
             # One chunk per iteration, so sequences already decoding wait at most one chunk for their next token.
             prompt = prefilling.request.prompt_ids
             chunk = prompt[prefilling.prefilled : prefilling.prefilled + self.prefill_chunk]
+            start = time.perf_counter()
             logits = engine.prefill(chunk, prefilling.slot, prefilling.prefilled)
+            if self.metrics:
+                self.metrics.engine_seconds.labels("prefill").observe(time.perf_counter() - start)
             prefilling.prefilled += len(chunk)
             if not prefilling.prefilling:
                 prefilling.position = len(prompt)
                 self._accept(prefilling, logits)
         batch = [s for s in self._running if s.pending is not None and not s.done and not s.request.cancelled]
         if batch:
+            start = time.perf_counter()
             logits = engine.decode([s.pending for s in batch], [s.slot for s in batch], [s.position for s in batch])
             self.max_batch_size = max(self.max_batch_size, len(batch))
             if self.metrics:
+                self.metrics.engine_seconds.labels("decode").observe(time.perf_counter() - start)
                 self.metrics.decode_batch_size.observe(len(batch))
             for seq, row in zip(batch, logits, strict=True):
                 seq.position += 1
@@ -243,19 +248,15 @@ class Scheduler:
             else:
                 metrics.time_to_first_token.observe(now - request.arrival)
         seq.last_token_time = now
-        if token in self.tokenizer.eos_ids and not request.ignore_eos:
-            self._finish(seq, "stop")
-            return
-        seq.generated.append(token)
-        if metrics:
+        delta, reason = accept_token(
+            token, seq.generated, seq.streaming, self.tokenizer.eos_ids, request.ignore_eos, request.max_tokens
+        )
+        if delta is not None and metrics:
             metrics.generation_tokens.inc()
-        delta = seq.streaming.push(token)
         if delta:
             request.emit(TextDelta(delta))
-        if seq.streaming.stopped:
-            self._finish(seq, "stop")
-        elif len(seq.generated) >= request.max_tokens:
-            self._finish(seq, "length")
+        if reason is not None:
+            self._finish(seq, reason)
         else:
             seq.pending = token
 
