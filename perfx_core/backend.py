@@ -104,6 +104,11 @@ class Runtime(ABC):
     def to_numpy(self, tensor: Any) -> np.ndarray:
         """A host copy of ``tensor``; waits for pending work on it."""
 
+    def write(self, tensor: Any, array: np.ndarray) -> None:
+        """Overwrite ``tensor`` with ``array`` (same number of elements). Optional: used by the generic
+        ``argmax`` op, which the model avoids on runtimes that lack it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot write into a tensor")
+
     @abstractmethod
     def view(self, tensor: Any, offset: int, shape: tuple[int, ...]) -> Any:
         """A tensor sharing ``tensor``'s storage, starting ``offset`` elements in, of ``shape`` (contiguous)."""

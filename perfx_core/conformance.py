@@ -136,6 +136,22 @@ class _Trial:
     def output(self, name: str, shape: tuple[int, ...]) -> Any:
         return self._place(name, _sentinel_buffer(int(np.prod(shape))).reshape(shape), frozen=False)
 
+    def int_output(self, name: str, shape: tuple[int, ...]) -> Any:
+        """An int32 output (argmax ids), sentinel-filled like the float ones."""
+        host = _sentinel_buffer(2 * GUARD + int(np.prod(shape))).view(np.int32)
+        buffer = self.rt.from_numpy(host)
+        self._buffers[name] = (buffer, host, shape, False)
+        return self.rt.view(buffer, GUARD, shape)
+
+    def compare_exact(self, name: str, ref: np.ndarray) -> None:
+        """Integer results must equal ``ref``; the case's score is the fraction that differ."""
+        got = self.read(name)
+        wrong = np.flatnonzero(got != ref)
+        self.nmse = wrong.size / max(1, ref.size)
+        if wrong.size:
+            i = int(wrong[0])
+            self.problems.append(f"{name}[{i}] is {int(got[i])}, expected {int(ref[i])} ({wrong.size} wrong)")
+
     def weight(self, weight: Weight) -> Any:
         arrays = [weight.packed, weight.scale, weight.bias] if isinstance(weight, Int4Weight) else [weight.data]
         self._host.append(("weight", arrays, [a.tobytes() for a in arrays]))
@@ -320,6 +336,27 @@ def _linear_norm_case(n: int, desc: tuple, eps: float) -> tuple[str, float, Body
     return f"n={n} {_describe(desc)} eps={eps:g}", MATMUL_LIMIT, body
 
 
+def _argmax_case(n: int, vocab: int, special: str) -> tuple[str, float, Body]:
+    """argmax of logits rows, including ties (the first index wins), -inf rows and NaN (wins, as in NumPy)."""
+
+    def body(t: _Trial, rng: np.random.Generator) -> None:
+        logits = _activations(rng, (n, vocab), decades=2.0)
+        if special == "ties" and vocab > 2:
+            top = float(np.abs(logits).max()) + 1.0
+            logits[:, vocab // 3] = logits[:, vocab - 1] = top  # two equal maxima: the first must win
+        elif special == "negative":
+            logits = -np.abs(logits) - 1.0
+            if n > 1:
+                logits[0] = -np.inf  # a row with nothing larger than -inf: index 0
+        elif special == "nan" and vocab > 2:
+            logits[-1, vocab // 2] = logits[-1, vocab - 2] = np.nan  # NaN beats everything: the first one
+        out = t.int_output("out", (n,))
+        t.rt.ops.argmax(t.input("logits", logits), out)
+        t.compare_exact("out", np.argmax(logits, axis=1).astype(np.int32))
+
+    return f"n={n} vocab={vocab} {special}", 0.0, body
+
+
 def _embedding_case(n: int, desc: tuple) -> tuple[str, float, Body]:
     limit = MATMUL_LIMIT if desc[0] == "int4" else EXACT_LIMIT
 
@@ -480,6 +517,14 @@ def _cases(op: str) -> list[tuple[str, float, Body]]:
             _matmul_case(op, 1, ("int4", 258, 128, 64, "rtn")),
             _matmul_case(op, 5, ("int4", 128, 192, 32, "random")),
             _matmul_case(op, 17, ("dense", 128, 96, "float16")),
+        ]
+    if op == "argmax":
+        return [
+            _argmax_case(1, 1, "plain"),
+            _argmax_case(3, 4097, "ties"),
+            _argmax_case(2, 300, "negative"),
+            _argmax_case(17, 32000, "nan"),
+            _argmax_case(5, 49152, "ties"),
         ]
     if op == "linear_add_rmsnorm":
         return [

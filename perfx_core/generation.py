@@ -206,10 +206,15 @@ class Generation:
             stats.prefill_s = time.perf_counter() - start
             decode_start = time.perf_counter()
             position = len(self.prompt_ids)
+            # Greedy without a repetition penalty: the engine picks the token (on the device when it can).
+            device_argmax, picked = self.sampler.params.plain_argmax, None
             while True:
-                # The history only matters to the repetition penalty: do not rebuild it for every token otherwise.
-                history = self.prompt_ids + self.token_ids if self.sampler.params.repetition_penalty != 1.0 else ()
-                token = self.sampler(logits, history)
+                if picked is not None:
+                    token = picked
+                else:
+                    # The history only matters to the repetition penalty: do not rebuild it for every token.
+                    penalty = self.sampler.params.repetition_penalty != 1.0
+                    token = self.sampler(logits, self.prompt_ids + self.token_ids if penalty else ())
                 if not self.token_ids:
                     stats.time_to_first_token_s = time.perf_counter() - start
                     decode_start = time.perf_counter()
@@ -223,7 +228,10 @@ class Generation:
                 if reason is not None:
                     stats.finish_reason = reason
                     break
-                logits = model.decode([token], [self.slot], [position])[0]
+                if device_argmax:
+                    picked = int(model.decode([token], [self.slot], [position], argmax=True)[0])
+                else:
+                    logits = model.decode([token], [self.slot], [position])[0]
                 position += 1
                 self._decode_steps += 1
                 stats.decode_s = time.perf_counter() - decode_start

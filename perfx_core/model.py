@@ -92,6 +92,7 @@ class LlamaModel:
             "attn": rt.empty((max_tokens, c.q_dim)),
             "ffn": rt.empty((max_tokens, c.ffn_dim)),
             "logits": rt.empty((max(self.n_slots, 1), c.vocab_size)),
+            "argmax": rt.empty((max(self.n_slots, 1),), np.int32),  # decode(argmax=True) on the device
         }
 
     def _rows(self, name: str, start: int, n: int) -> Any:
@@ -153,8 +154,12 @@ class LlamaModel:
         self.rt.ops.logits(h, self.output, out)
         return self.rt.to_numpy(out)
 
-    def decode(self, tokens: Sequence[int], slots: Sequence[int], positions: Sequence[int]) -> np.ndarray:
-        """One new token per sequence: token b goes to ``slots[b]`` at ``positions[b]``. Returns (B, vocab)."""
+    def decode(
+        self, tokens: Sequence[int], slots: Sequence[int], positions: Sequence[int], *, argmax: bool = False
+    ) -> np.ndarray:
+        """One new token per sequence: token b goes to ``slots[b]`` at ``positions[b]``. Returns the (B, vocab)
+        logits, or with ``argmax`` the (B,) int32 index of each row's largest logit (first on ties), picked on
+        the device when the backend implements the ``argmax`` op, so only B ids cross to the host."""
         ids = self._check_ids(tokens)
         slots_arr = np.asarray(slots, dtype=np.int32)
         pos_arr = np.asarray(positions, dtype=np.int32)
@@ -171,14 +176,17 @@ class LlamaModel:
             raise ContextLengthError(int(pos_arr.max()) + 1, 0, self.max_seq_len)
         ops, rt, n = self.rt.ops, self.rt, len(ids)
         logits = self._rows("logits", 0, n)
+        on_device = argmax and not ops.sources["argmax"].startswith("perfx_core:")  # else np.argmax below
+        result = rt.view(self._buffers["argmax"], 0, (n,)) if on_device else logits
         # A runtime that captures graphs queues a recorded step again instead of running the ops (not while
         # the ops are being profiled: that needs the calls).
         signature = rt.graph_signature(pos_arr) if ops.profile is None else None
         inputs = {"ids": ids, "slots": slots_arr, "positions": pos_arr}
-        graph = self._graphs.get((n, signature)) if signature is not None else None
+        key = (n, signature, on_device)
+        graph = self._graphs.get(key) if signature is not None else None
         if graph is not None:
             rt.replay(graph, inputs)
-            return rt.to_numpy(logits)
+            return self._read(result, argmax and not on_device)
 
         def attend(qkv: Any, layer: int, out: Any) -> None:
             ops.attention_decode(qkv, self.cache, layer, slots_arr, pos_arr, self.rope, self.attention, out)
@@ -187,13 +195,19 @@ class LlamaModel:
             rt.begin_capture(tuple(inputs))
         try:
             ops.logits(self._forward(ids, attend), self.output, logits)
+            if on_device:
+                ops.argmax(logits, result)
         finally:
             graph = rt.end_capture() if signature is not None else None
         if graph is not None:
             if len(self._graphs) >= MAX_GRAPHS:
                 self._graphs.pop(next(iter(self._graphs)))  # the oldest
-            self._graphs[(n, signature)] = graph
-        return rt.to_numpy(logits)
+            self._graphs[key] = graph
+        return self._read(result, argmax and not on_device)
+
+    def _read(self, result: Any, host_argmax: bool) -> np.ndarray:
+        values = self.rt.to_numpy(result)
+        return np.argmax(values, axis=1).astype(np.int32) if host_argmax else values
 
     def warm_up(self) -> None:
         """Run every kernel variant a server will use once (a full prefill chunk, a short prefill, and decode at

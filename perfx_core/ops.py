@@ -21,6 +21,7 @@ Primitive ops (a backend must implement these):
 Composite ops (generic versions below work on every backend; a backend may fuse them):
   linear, qkv_proj, gate_up_silu, logits,
   linear_add_rmsnorm(x, w, residual, weight, eps, out)  residual += x @ w.T (in place); out = rmsnorm(residual)
+  argmax(logits (n, vocab), out (n,) int32)            out[i] = first index of the largest logit of row i
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 PRIMITIVE_OPS = (
     "embedding",
@@ -41,7 +44,7 @@ PRIMITIVE_OPS = (
     "attention_decode",
     "attention_prefill",
 )
-COMPOSITE_OPS = ("linear", "qkv_proj", "gate_up_silu", "logits", "linear_add_rmsnorm")
+COMPOSITE_OPS = ("linear", "qkv_proj", "gate_up_silu", "logits", "linear_add_rmsnorm", "argmax")
 OP_NAMES = PRIMITIVE_OPS + COMPOSITE_OPS
 
 GENERIC_PRIORITY = -100  # generic composites lose to anything a backend or plugin registers
@@ -89,12 +92,19 @@ def generic_linear_add_rmsnorm(rt, x, w, residual, weight, eps, out) -> None:
     rt.ops.add_rmsnorm(delta, residual, weight, eps, out)
 
 
+def generic_argmax(rt, logits, out) -> None:
+    """out (n,) int32 = the first index of each row's largest logit, through the host (a device backend
+    overrides this so only the ids cross; needs ``rt.write``)."""
+    rt.write(out, np.argmax(rt.to_numpy(logits), axis=1).astype(np.int32))
+
+
 GENERIC_OPS: dict[str, Callable[..., None]] = {
     "linear": generic_linear,
     "qkv_proj": generic_qkv_proj,
     "gate_up_silu": generic_gate_up_silu,
     "logits": generic_logits,
     "linear_add_rmsnorm": generic_linear_add_rmsnorm,
+    "argmax": generic_argmax,
 }
 
 

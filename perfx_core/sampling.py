@@ -46,6 +46,12 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def plain_argmax(self) -> bool:
+        """The next token is the argmax of the raw logits (greedy, no repetition penalty): the engine can pick
+        it on the device and send back one id instead of the logits."""
+        return self.greedy and self.repetition_penalty == 1.0
+
 
 class Sampler:
     """Samples token ids for one sequence; holds its own random generator so runs repeat with a seed."""

@@ -281,3 +281,25 @@ def test_a_step_that_reads_back_is_not_recorded(registry):
         assert rt.end_capture() is None
     finally:
         rt.close()
+
+
+def test_decode_argmax_on_the_device_matches_the_logits(registry, smollm2_path):
+    """decode(argmax=True) runs the argmax op on the device (one id per row comes back, also in a replayed
+    step) and agrees with the argmax of the logits decode() returns."""
+    from perfx_core.gguf_loader import load_llama_gguf
+    from perfx_core.model import LlamaModel
+
+    config, weights, _ = load_llama_gguf(smollm2_path)
+    rt = registry.open_runtime("opencl")
+    try:
+        assert rt.ops.sources["argmax"].startswith("opencl:")
+        model = LlamaModel(config, weights, rt, n_slots=3, max_seq_len=64, prefill_chunk=16)
+        for slot in range(3):
+            model.prefill([1, 504, 3458 + slot], slot=slot)
+        for step in range(3):  # the second and third are replays of the first
+            args = ([11, 12, 13], [0, 1, 2], [3 + step] * 3)
+            ids = model.decode(*args, argmax=True)
+            assert ids.dtype == np.int32 and ids.shape == (3,)
+            np.testing.assert_array_equal(ids, np.argmax(model.decode(*args), axis=1))
+    finally:
+        rt.close()

@@ -34,9 +34,10 @@ class FakeEngine:
         self.calls.append(("prefill", slot, start, len(tokens)))
         return self._logits(1)[0]
 
-    def decode(self, tokens, slots, positions):
+    def decode(self, tokens, slots, positions, argmax=False):
         self.calls.append(("decode", tuple(slots), tuple(positions)))
-        return self._logits(len(tokens))
+        logits = self._logits(len(tokens))
+        return np.argmax(logits, axis=1).astype(np.int32) if argmax else logits
 
 
 class FakeTokenizer:

@@ -70,6 +70,12 @@ class NumpyRuntime(Runtime):
     def to_numpy(self, tensor):
         return np.array(tensor, copy=True)
 
+    def write(self, tensor, array) -> None:
+        values = np.asarray(array, dtype=tensor.dtype)
+        if values.size != tensor.size:
+            raise BackendError(f"writing {values.size} elements into a tensor of {tensor.size}")
+        tensor[...] = values.reshape(tensor.shape)
+
     def view(self, tensor, offset, shape):
         size = int(np.prod(shape))
         flat = tensor.reshape(-1)

@@ -20,7 +20,7 @@ from perfx_core.ops import PRIMITIVE_OPS, generic_gate_up_silu, generic_linear_a
 from . import tuning
 
 # Fused composites, for int4 weights and n <= SMALL_N (else the generic compositions).
-OPS = PRIMITIVE_OPS + ("gate_up_silu", "linear_add_rmsnorm")
+OPS = PRIMITIVE_OPS + ("gate_up_silu", "linear_add_rmsnorm", "argmax")
 
 SMALL_N = 16  # up to this many tokens an int4 matmul uses the GEMV kernel, which reads W once for all of them
 DENSE_SMALL_N = 4  # the dense GEMV re-reads W per token, so it only pays for very small batches
@@ -29,6 +29,7 @@ ADRENO_GEMV_TUNING = {"RW": 64, "KS": 4, "CR": 1, "UC": 1, "XS": 0}  # Adreno wa
 TILE = 32  # output tile of the dense GEMM kernel (kernels/dense.cl)
 GEMM_TOKENS = 64  # tokens per int4 GEMM work-group (kernels/int4.cl), 4 per thread
 NORM_WG = 512  # threads per row of the norm kernels (kernels/elementwise.cl): one work-group per row
+ARGMAX_WG = 256  # threads per row of argmax_rows
 ATT_WG = 128  # kernels/attention.cl
 ATT_PART = 128  # key positions per attention work-group: long contexts split over more work-groups
 DECODE_PART = int(os.environ.get("PERFX_OPENCL_DECODE_PART", 64))  # the same for the fused decode kernel
@@ -270,6 +271,13 @@ def add_rmsnorm(rt, x, residual, weight, eps, out):
         d,
         float(eps),
     )
+
+
+def argmax(rt, logits, out):
+    n, vocab = logits.shape
+    if n:
+        kernel = rt.kernel("elementwise", "argmax_rows", ARGMAX_WG=ARGMAX_WG)
+        rt.launch(kernel, (ARGMAX_WG * n,), (ARGMAX_WG,), logits, out, vocab)
 
 
 def silu_mul(rt, gate_up, out):

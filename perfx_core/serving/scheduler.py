@@ -225,22 +225,31 @@ class Scheduler:
                 self._accept(prefilling, logits)
         batch = [s for s in self._running if s.pending is not None and not s.done and not s.request.cancelled]
         if batch:
+            # When every sequence is plain greedy the engine picks the tokens (on the device where it can).
+            argmax = all(s.request.sampling.plain_argmax for s in batch)
             start = time.perf_counter()
-            logits = engine.decode([s.pending for s in batch], [s.slot for s in batch], [s.position for s in batch])
+            rows = engine.decode(
+                [s.pending for s in batch], [s.slot for s in batch], [s.position for s in batch], argmax=argmax
+            )
             self.max_batch_size = max(self.max_batch_size, len(batch))
             if self.metrics:
                 self.metrics.engine_seconds.labels("decode").observe(time.perf_counter() - start)
                 self.metrics.decode_batch_size.observe(len(batch))
-            for seq, row in zip(batch, logits, strict=True):
+            for seq, row in zip(batch, rows, strict=True):
                 seq.position += 1
-                self._accept(seq, row)
+                if argmax:
+                    self._accept(seq, token=int(row))
+                else:
+                    self._accept(seq, row)
 
-    def _accept(self, seq: _Sequence, logits: np.ndarray) -> None:
-        """Sample the next token of ``seq`` from ``logits`` and stream it, or finish the sequence."""
+    def _accept(self, seq: _Sequence, logits: np.ndarray | None = None, token: int | None = None) -> None:
+        """Sample the next token of ``seq`` from ``logits`` (or take the engine's ``token``) and stream it, or
+        finish the sequence."""
         request, metrics = seq.request, self.metrics
         seq.pending = None
-        history = request.prompt_ids + seq.generated if request.sampling.repetition_penalty != 1.0 else ()
-        token = seq.sampler(logits, history)
+        if token is None:
+            history = request.prompt_ids + seq.generated if request.sampling.repetition_penalty != 1.0 else ()
+            token = seq.sampler(logits, history)
         now = time.perf_counter()
         if metrics:
             if seq.last_token_time:

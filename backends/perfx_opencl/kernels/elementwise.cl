@@ -61,3 +61,48 @@ __kernel void silu_mul(__global const float* gate_up, int gu_off, __global float
     const float u = gate_up[gu_off + row * 2 * f + f + c];
     out[out_off + row * f + c] = g / (1.0f + exp(-g)) * u;
 }
+
+// -- argmax --------------------------------------------------------------------------------------------------
+#ifndef ARGMAX_WG
+#define ARGMAX_WG 256
+#endif
+
+// Does (v, i) beat (best, at)? As NumPy's argmax: NaN beats everything, ties go to the lower index; an index
+// of -1 means "nothing" (a thread that saw no element), which never beats and is always beaten.
+inline bool beats(float v, int i, float best, int at) {
+    if (i < 0) return false;
+    if (at < 0) return true;
+    if (isnan(v)) return !isnan(best) || i < at;
+    if (isnan(best)) return false;
+    return v > best || (v == best && i < at);
+}
+
+// out[row] = the first index of the largest value of each row of x (n, vocab). Global size (ARGMAX_WG * n):
+// one work-group per row, so a decode step sends back n ids instead of n x vocab logits.
+__kernel __attribute__((reqd_work_group_size(ARGMAX_WG, 1, 1))) void argmax_rows(
+    __global const float* x, int x_off, __global int* out, int out_off, int vocab) {
+    __local float best_v[ARGMAX_WG];
+    __local int best_i[ARGMAX_WG];
+    const int lid = get_local_id(0), row = get_group_id(0);
+    __global const float* values = x + x_off + (size_t)row * vocab;
+    float best = 0.0f;
+    int at = -1;
+    for (int i = lid; i < vocab; i += ARGMAX_WG) {
+        const float v = values[i];
+        if (beats(v, i, best, at)) {
+            best = v;
+            at = i;
+        }
+    }
+    best_v[lid] = best;
+    best_i[lid] = at;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int stride = ARGMAX_WG / 2; stride > 0; stride >>= 1) {
+        if (lid < stride && beats(best_v[lid + stride], best_i[lid + stride], best_v[lid], best_i[lid])) {
+            best_v[lid] = best_v[lid + stride];
+            best_i[lid] = best_i[lid + stride];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lid == 0) out[out_off + row] = best_i[0];
+}
