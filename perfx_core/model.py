@@ -210,13 +210,14 @@ class LlamaModel:
         return np.argmax(values, axis=1).astype(np.int32) if host_argmax else values
 
     def warm_up(self) -> None:
-        """Run every kernel variant a server will use once (a full prefill chunk, a short prefill, and decode at
-        each power-of-two batch up to n_slots), so compiling them happens now, not in the middle of serving
-        requests (an OpenCL build takes ~0.3 s). The slots' cache contents are garbage afterwards, which is
-        harmless: a sequence writes every position before it attends to it."""
+        """Run the kernel variants a server uses once, so compiling them happens now, not in the middle of
+        serving requests (an OpenCL build takes ~0.3 s): prefills of a full chunk and of 2, 3, 5, 9 and 17
+        tokens (one per token-count class of the matmul kernels) and decode at each power-of-two batch up
+        to n_slots. The slots' cache contents are garbage afterwards, which is harmless: a sequence writes
+        every position before it attends to it."""
         chunk = min(self.prefill_chunk, self.max_seq_len)
-        self.prefill([0] * chunk, slot=0)
-        self.prefill([0] * min(3, chunk), slot=0)
+        for length in sorted({chunk, *(n for n in (2, 3, 5, 9, 17) if n <= chunk)}):  # each token-count class
+            self.prefill([0] * length, slot=0)
         batch = 1
         while True:
             batch = min(batch, self.n_slots)

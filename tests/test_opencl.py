@@ -204,10 +204,11 @@ def test_perfx_tune_caches_per_device_and_the_runtime_uses_it(registry, tmp_path
             path.write_text(bad)
             ops.clear_plans(rt)
             assert ops.gemv_tuning(rt, True, 256, 128, 4) == {**ops.GEMV_TUNING, "CR": 1}  # the defaults
-        data["gemv"]["silu:256x128:nt4"] = {"RW": 0, "KS": 8, "CR": 1, "UC": 1, "XS": 0}  # an impossible shape
-        path.write_text(json.dumps(data))
-        ops.clear_plans(rt)
-        assert "silu:256x128:nt4" not in tuning.load(rt)
+        for impossible in ({"RW": 0}, {"CR": 0}, {"UC": 0}, {"XS": 2}, {"KS": "8"}):  # would crash or hang a launch
+            data["gemv"]["silu:256x128:nt4"] = {**chosen, **impossible}
+            path.write_text(json.dumps(data))
+            ops.clear_plans(rt)
+            assert "silu:256x128:nt4" not in tuning.load(rt) and "silu:256x128:nt2" in tuning.load(rt)
     finally:
         rt.close()
 
@@ -303,3 +304,55 @@ def test_decode_argmax_on_the_device_matches_the_logits(registry, smollm2_path):
             np.testing.assert_array_equal(ids, np.argmax(model.decode(*args), axis=1))
     finally:
         rt.close()
+
+
+def test_a_graph_keeps_its_buffers_alive(registry, smollm2_path, monkeypatch):
+    """A recorded step still replays correctly after the scratch buffers it used have grown (a longer prefill)
+    and its launches have left the launch cache: the graph, not the cache, keeps those buffers alive."""
+    import perfx_opencl.runtime as runtime_module
+
+    from perfx_core.gguf_loader import load_llama_gguf
+    from perfx_core.model import LlamaModel
+
+    monkeypatch.setattr(runtime_module, "MAX_CACHED_LAUNCHES", 200)
+    config, weights, _ = load_llama_gguf(smollm2_path)
+    rt = registry.open_runtime("opencl")
+    try:
+        model = LlamaModel(config, weights, rt, n_slots=1, max_seq_len=64, prefill_chunk=32)
+        model.prefill([1, 504, 3458], slot=0)
+        recorded = model.decode([11], [0], [3])  # recorded while the scratch buffers are small
+        for length in (16, 32, 7, 9):  # grow the scratch buffers and push the step's launches out of the cache
+            model.prefill(list(range(100, 100 + length)), slot=0)
+        gc.collect()
+        model.prefill([1, 504, 3458], slot=0)
+        assert len(model._graphs) == 1
+        np.testing.assert_array_equal(model.decode([11], [0], [3]), recorded)  # a replay
+    finally:
+        rt.close()
+
+
+def test_bad_gemv_override_is_a_clear_error(registry, monkeypatch):
+    from perfx_opencl import ops
+
+    from perfx_core.errors import InvalidArgumentError
+
+    monkeypatch.setenv("PERFX_OPENCL_GEMV", "RW=32,UC=0")
+    ops.gemv_overrides.cache_clear()
+    try:
+        with pytest.raises(InvalidArgumentError, match="PERFX_OPENCL_GEMV"):
+            ops.gemv_overrides()
+    finally:
+        monkeypatch.delenv("PERFX_OPENCL_GEMV")
+        ops.gemv_overrides.cache_clear()
+
+
+def test_without_fused_tails_the_ops_use_separate_launches(registry, monkeypatch):
+    """Devices where the last-work-group kernels are not known to be safe run add+RMSNorm and the attention
+    merge as launches of their own; the results are the same (the conformance kit)."""
+    monkeypatch.setenv("PERFX_OPENCL_FUSED_TAILS", "0")
+    rt = registry.open_runtime("opencl")
+    try:
+        assert rt.fused_tails is False
+    finally:
+        rt.close()
+    assert_backend_conforms("opencl", ops=["linear_add_rmsnorm", "attention_decode"])

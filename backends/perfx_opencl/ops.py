@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from perfx_core.errors import InvalidArgumentError
+from perfx_core.errors import BackendError, InvalidArgumentError
 from perfx_core.ops import PRIMITIVE_OPS, generic_gate_up_silu, generic_linear_add_rmsnorm
 
 from . import tuning
@@ -24,7 +24,7 @@ OPS = PRIMITIVE_OPS + ("gate_up_silu", "linear_add_rmsnorm", "argmax")
 
 SMALL_N = 16  # up to this many tokens an int4 matmul uses the GEMV kernel, which reads W once for all of them
 DENSE_SMALL_N = 4  # the dense GEMV re-reads W per token, so it only pays for very small batches
-GEMV_TUNING = {"RW": 32, "KS": 16, "CR": 2, "UC": 1, "XS": 0}  # measured: docs/opencl.md
+GEMV_TUNING = {"RW": 32, "KS": 16, "CR": 1, "UC": 2, "XS": 0}  # what `perfx tune` picks most often on an H200
 ADRENO_GEMV_TUNING = {"RW": 64, "KS": 4, "CR": 1, "UC": 1, "XS": 0}  # Adreno waves are 64+ wide
 TILE = 32  # output tile of the dense GEMM kernel (kernels/dense.cl)
 GEMM_TOKENS = 64  # tokens per int4 GEMM work-group (kernels/int4.cl), 4 per thread
@@ -33,6 +33,8 @@ ARGMAX_WG = 256  # threads per row of argmax_rows
 ATT_WG = 128  # kernels/attention.cl
 ATT_PART = 128  # key positions per attention work-group: long contexts split over more work-groups
 DECODE_PART = int(os.environ.get("PERFX_OPENCL_DECODE_PART", 64))  # the same for the fused decode kernel
+if DECODE_PART not in (16, 32, 64, 128):  # a power of two dividing the 128-thread work-group (kernels/attention.cl)
+    raise InvalidArgumentError(f"PERFX_OPENCL_DECODE_PART must be 16, 32, 64 or 128; got {DECODE_PART}")
 MAX_HEAD_DIM = 256
 
 
@@ -80,7 +82,12 @@ def gemv_overrides() -> dict[str, int]:
     overrides = {}
     for item in filter(None, os.environ.get("PERFX_OPENCL_GEMV", "").split(",")):
         key, _, value = item.partition("=")
-        overrides[key.strip()] = int(value)
+        key = key.strip()
+        if key not in GEMV_TUNING or not value.strip().isdigit() or (int(value) < 1 and key != "XS"):
+            raise InvalidArgumentError(
+                f"PERFX_OPENCL_GEMV: {item!r} is not KEY=N with KEY one of {', '.join(GEMV_TUNING)} and N >= 1"
+            )
+        overrides[key] = int(value)
     return overrides
 
 
@@ -121,15 +128,24 @@ def forced_gemv_tuning(rt, config: dict[str, int]) -> Iterator[None]:
 
 
 def _fit_work_group(rt, config: dict[str, int], row_slots: int, nt: int, extra_local: int) -> dict[str, int]:
-    """Halve KS until the work-group and its local partial sums (KS x RW x row slots x NT floats, plus
-    ``extra_local`` bytes) fit the device."""
+    """Shrink the shape (KS, then RW, then CR) until the work-group and its local partial sums (KS x RW x row
+    slots x NT floats, plus ``extra_local`` bytes) fit the device."""
     config = dict(config)
     local_budget = rt.device.details.get("local_memory_bytes", 32768) - 1024 - extra_local
     max_group = rt.device.details.get("max_work_group_size", 256)
-    while config["KS"] > 1 and (
-        config["KS"] * config["RW"] * row_slots * nt * 4 > local_budget or config["KS"] * config["RW"] > max_group
-    ):
-        config["KS"] //= 2
+    silu_factor = row_slots // config["CR"]
+
+    def fits() -> bool:
+        slots = config["CR"] * silu_factor
+        return config["KS"] * config["RW"] * slots * nt * 4 <= local_budget and config["KS"] * config["RW"] <= max_group
+
+    for key in ("KS", "RW"):
+        while not fits() and config[key] > 1:
+            config[key] //= 2
+    if not fits():
+        config["CR"] = 1
+    if not fits():
+        raise BackendError(f"no int4 GEMV work-group fits this device ({max_group} threads, {local_budget} B local)")
     return config
 
 
@@ -144,6 +160,8 @@ def _gemv_plan(
         config = gemv_tuning(rt, silu, rows, k, nt)
         # XS=1: chunk sums of x shared in local memory (n = 1 only; the kernel is then built per k).
         xsum_chunks = k // 32 if config.pop("XS", 0) and nt == 1 else 0
+        if add_norm:  # the last work-group normalises n rows alone: give it at least 256 threads
+            config["KS"] = max(config["KS"], 256 // config["RW"])
         config = _fit_work_group(rt, config, config["CR"] * (2 if silu else 1), nt, 4 * xsum_chunks)
         kernel = rt.kernel(
             "int4",
@@ -167,7 +185,7 @@ def _gemv_plan(
 
 def _int4_gemv(rt, x, w, out, n, silu=False, epilogue=()):
     """GEMV for n <= SMALL_N tokens, W read once for all of them; with ``silu`` W is [W_gate; W_up]; a
-    non-empty ``epilogue`` (residual, norm weight, eps, normed, counter) adds the add_rmsnorm tail."""
+    non-empty ``epilogue`` (residual, norm weight, normed, eps, counter) adds the add_rmsnorm tail."""
     k = w.shape[1]
     rows = w.shape[0] // 2 if silu else w.shape[0]
     nt = 1 << max(0, (n - 1).bit_length())  # tokens per pass: n rounded up to a power of two
@@ -244,7 +262,7 @@ def gate_up_silu(rt, x, w_gate_up, out):
 
 def linear_add_rmsnorm(rt, x, w, residual, weight, eps, out):
     n = out.shape[0]
-    if w.kind != "int4" or n > SMALL_N:
+    if w.kind != "int4" or n > SMALL_N or not rt.fused_tails:
         generic_linear_add_rmsnorm(rt, x, w, residual, weight, eps, out)
         return
     delta = rt.scratch("linear_add_rmsnorm", out.shape)
@@ -345,17 +363,19 @@ def _attention(rt, qkv, cache, layer, slots, positions, rope, spec, out):
         )
 
 
-def decode_signature(positions) -> int:
-    """What of a decode step's positions changes its launches: the fused attention's number of partitions."""
-    return (int(np.max(positions)) + DECODE_PART) // DECODE_PART
+def decode_signature(positions) -> tuple[int, int]:
+    """What of a decode step's positions changes its launches: the number of attention partitions (of the
+    fused kernel and of the three-launch path)."""
+    last = int(np.max(positions))
+    return (last + DECODE_PART) // DECODE_PART, (last + ATT_PART) // ATT_PART
 
 
 def attention_decode(rt, qkv, cache, layer, slots, positions, rope, spec, out):
     hd = spec.head_dim
-    if hd % 4:
+    if hd % 4 or not rt.fused_tails:
         _attention(rt, qkv, cache, layer, slots, positions, rope, spec, out)  # the general three-launch path
         return
-    rows, parts = len(positions), decode_signature(positions)
+    rows, parts = len(positions), decode_signature(positions)[0]
     partial = rt.scratch("attention_partial", (rows * spec.n_heads * parts * (hd + 2),))
     rt.launch(
         rt.kernel(

@@ -7,6 +7,7 @@ program is built once per context and options, and a build failure raises ``Kern
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -208,6 +209,7 @@ class _Capture:
         self.uploads: dict[str, tuple[_Allocation, int]] = {}
         self.values: dict[str, np.ndarray] = {}
         self.launches: list[tuple[Any, tuple[int, ...], tuple[int, ...] | None, str]] = []
+        self.keep: list[tuple[Any, ...]] = []  # every launch's arguments (buffers), alive as long as the graph
         self.broken = ""  # why the recording cannot be replayed
 
     def upload(self, key: str, alloc: _Allocation, host: np.ndarray) -> None:
@@ -221,6 +223,9 @@ class _Capture:
 class _Graph:
     uploads: tuple[tuple[str, tuple[_Allocation, int]], ...]  # key, (buffer, number of values)
     launches: tuple[tuple[Any, tuple[int, ...], tuple[int, ...] | None, str], ...]  # kernel, sizes, name
+    # The launches' arguments: pyopencl's set_args does not keep buffers alive, and a scratch buffer that has
+    # since grown (or a launch evicted from the cache) must not be freed while the graph can replay it.
+    keep: tuple[tuple[Any, ...], ...]
 
 
 # -- the runtime -----------------------------------------------------------------------------------------
@@ -244,6 +249,7 @@ class OpenCLRuntime(Runtime):
         self._index_buffers: dict[str, tuple[_Allocation, np.ndarray]] = {}  # device buffer, last values sent
         self._zeroed: dict[str, CLTensor] = {}  # see zeroed_ints
         self._capture: _Capture | None = None  # see begin_capture
+        self.tuning_generation = 0  # bumped by tune(): part of the graph signature
         self._closed = False
         self._kernels: dict[tuple, Any] = {}
         self._launches: dict[tuple, tuple[Any, tuple[Any, ...]]] = {}  # see launch()
@@ -410,6 +416,8 @@ class OpenCLRuntime(Runtime):
         options = [f"-D{k}" if v is True else f"-D{k}={v}" for k, v in sorted(defines.items()) if v is not False]
         if self.variant == "adreno":
             options.append("-DADRENO")
+        if self._nv_membar:
+            options.append(f"-DNV_MEMBAR_GL={self._nv_membar}")
         program = self.program(file, tuple(options))
         key = (id(program), name)
         kernel = self._state.kernels.get(key)
@@ -417,6 +425,33 @@ class OpenCLRuntime(Runtime):
             with check(f"creating kernel {name} of {file}.cl"):
                 kernel = self._state.kernels[key] = getattr(program, name)
         return kernel
+
+    @functools.cached_property
+    def _nv_membar(self) -> int:
+        """NVIDIA's compiler takes inline PTX: a device-scope fence (membar.gl) for the kernels where the last
+        work-group reads what the others wrote (kernels/int4.cl, attention.cl). Probed once per runtime: the
+        form that builds (1: with a memory clobber, 2: without), or 0."""
+        if "nvidia" not in self.cl_device.vendor.lower():
+            return 0
+        for form, statement in ((1, 'asm volatile("membar.gl;" ::: "memory");'), (2, 'asm volatile("membar.gl;");')):
+            source = f"__kernel void membar_probe(__global int* x) {{ x[0] = 1; {statement} }}\n"
+            try:
+                self.build(source, label="membar_probe.cl")
+            except KernelBuildError:
+                continue
+            return form
+        return 0
+
+    @functools.cached_property
+    def fused_tails(self) -> bool:
+        """Whether the kernels whose last work-group finishes the job (linear_add_rmsnorm's add + RMSNorm, the
+        one-launch decode attention's merge) may run here. They need the other work-groups' writes visible
+        device-wide, which OpenCL 1.2 does not promise: allowed on NVIDIA (membar.gl) and PoCL (coherent CPU
+        threads); elsewhere the ops use separate launches. PERFX_OPENCL_FUSED_TAILS=0/1 overrides."""
+        forced = os.environ.get("PERFX_OPENCL_FUSED_TAILS")
+        if forced in ("0", "1"):
+            return forced == "1"
+        return bool(self._nv_membar) or "portable computing language" in self.cl_device.platform.name.lower()
 
     def program(self, file: str, options: tuple[str, ...]) -> Any:
         source = (KERNEL_DIR / f"{file}.cl").read_text()
@@ -476,6 +511,7 @@ class OpenCLRuntime(Runtime):
             self._launches[signature] = entry
         if self._capture is not None:
             self._capture.launches.append((entry[0], global_size, local_size, kernel.function_name))
+            self._capture.keep.append(entry[1])  # set_args holds no reference: the graph keeps the buffers alive
         try:
             event = self.cl.enqueue_nd_range_kernel(self.queue, entry[0], global_size, local_size)
         except self.cl.Error as exc:
@@ -509,7 +545,9 @@ class OpenCLRuntime(Runtime):
 
         best = tuning.tune_gemv(self, tuning.model_shapes(config), quick=quick, progress=progress)
         path = tuning.save(self, best)
-        ops.clear_plans(self)  # later launches on this runtime use the new shapes
+        ops.clear_plans(self)  # later launches on this runtime use the new shapes...
+        self._launches.clear()  # ...and the candidates' launches (holding the tuner's weight copies) go
+        self.tuning_generation += 1  # graphs recorded before now replay the old shapes: make them stale
         return {"device": self.device.name, "cache": str(path), "best": best}
 
     # -- graphs: a decode step's launches recorded once, then queued again without running the ops ------
@@ -521,9 +559,11 @@ class OpenCLRuntime(Runtime):
             return None
         from . import ops  # ops imports this module
 
-        return ops.decode_signature(positions)
+        return (*ops.decode_signature(positions), self.tuning_generation)
 
     def begin_capture(self, inputs: tuple[str, ...]) -> None:
+        if self._capture is not None:
+            raise BackendError("begin_capture: a recording is already in progress (end_capture was not called)")
         self._capture = _Capture(frozenset(inputs))
 
     def end_capture(self) -> _Graph | None:
@@ -532,7 +572,7 @@ class OpenCLRuntime(Runtime):
             return None
         if not set(capture.uploads) <= capture.inputs:
             return None  # an upload a replay could not supply
-        return _Graph(tuple(capture.uploads.items()), tuple(capture.launches))
+        return _Graph(tuple(capture.uploads.items()), tuple(capture.launches), tuple(capture.keep))
 
     def replay(self, graph: _Graph, inputs: dict[str, np.ndarray]) -> None:
         cl, queue = self.cl, self.queue
@@ -569,8 +609,11 @@ class OpenCLRuntime(Runtime):
         try:
             yield
         finally:
-            self.queue.finish()
-            self.queue, self.kernel_events = saved, None
+            try:
+                with check("finishing the profiling queue"):
+                    self.queue.finish()
+            finally:  # even when a kernel failed: the runtime must not stay on the profiling queue
+                self.queue, self.kernel_events = saved, None
 
     def kernel_seconds(self) -> dict[str, float]:
         """Device seconds per kernel name since the last call (needs PERFX_OPENCL_PROFILE=1); clears the record."""

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from perfx_core.errors import InvalidArgumentError
+from perfx_core.errors import BackendError, InvalidArgumentError
 from perfx_core.settings import cache_dir
 from perfx_core.synthetic import cold_copies, random_int4
 
@@ -47,7 +47,11 @@ def shape_key(silu: bool, rows: int, k: int, nt: int) -> str:
 
 
 def kernel_hash() -> str:
-    return hashlib.sha256((KERNEL_DIR / "int4.cl").read_bytes()).hexdigest()[:16]
+    """Of the GEMV kernel and of ops.py, which turns a tuned shape into launch sizes: changing either makes
+    saved shapes stale."""
+    digest = hashlib.sha256((KERNEL_DIR / "int4.cl").read_bytes())
+    digest.update((Path(__file__).parent / "ops.py").read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def _slug(text: str) -> str:
@@ -71,12 +75,22 @@ def load(rt) -> dict[str, dict[str, int]]:
     entries = data.get("gemv")
     if not isinstance(entries, dict):
         return {}
-    valid = {}
-    for key, config in entries.items():
-        if isinstance(config, dict) and set(config) == {"RW", "KS", "CR", "UC", "XS"}:
-            if all(isinstance(v, int) and 0 <= v <= 1024 for v in config.values()) and config["RW"] * config["KS"]:
-                valid[key] = config
-    return valid
+    return {key: config for key, config in entries.items() if _valid(config)}
+
+
+def _valid(config: Any) -> bool:
+    """A shape the kernels can run (a hand-edited or corrupt file must not hang or crash a launch)."""
+    if not isinstance(config, dict) or set(config) != {"RW", "KS", "CR", "UC", "XS"}:
+        return False
+    if not all(type(v) is int for v in config.values()):
+        return False
+    return (
+        1 <= config["RW"] <= 1024
+        and 1 <= config["KS"] <= 1024
+        and 1 <= config["CR"] <= 8
+        and 1 <= config["UC"] <= 8
+        and config["XS"] in (0, 1)
+    )
 
 
 def save(rt, entries: dict[str, dict[str, int]]) -> Path:
@@ -148,11 +162,18 @@ def tune_gemv(
             key = shape_key(silu, cols, k, 1 << max(0, (n - 1).bit_length()))  # per NT, as the kernels are built
             timings = []
             for config in candidates(n, quick):
-                with ops.forced_gemv_tuning(rt, config), rt.profiling():
-                    seconds = device_seconds(rt, call)
+                try:
+                    with ops.forced_gemv_tuning(rt, config), rt.profiling():
+                        seconds = device_seconds(rt, call)
+                except BackendError as exc:  # e.g. out of resources for this shape on this device: skip it
+                    if progress:
+                        progress({"shape": key, **config, "error": str(exc)})
+                    continue
                 timings.append((seconds, config))
                 if progress:
                     progress({"shape": key, **config, "us": round(seconds * 1e6, 2)})
+            if not timings:
+                raise BackendError(f"no GEMV shape could run {key} on {rt.device.name}")
             best[key] = min(timings, key=lambda item: item[0])[1]
     return best
 

@@ -3,6 +3,20 @@
 // store_kv writes RoPE'd k and raw v of every new row, then attention reads the cache as stored.
 // A "row" is one new token: decode has one per sequence, prefill T of one sequence; rows[r] = (slot, pos).
 
+// A device-wide memory fence for the last-work-group-finishes patterns below. OpenCL 1.2's mem_fence only
+// orders one work-item's own accesses (NVIDIA compiles it to a CTA-scope membar), so on NVIDIA the runtime
+// builds with -DNV_MEMBAR_GL=1 or 2 (the inline-PTX form its compiler took) for a device-scope fence;
+// PoCL's CPU threads are coherent. Other devices do not run these kernels (ops.py uses separate launches).
+#ifndef DEVICE_FENCE
+#if NV_MEMBAR_GL == 1
+#define DEVICE_FENCE() asm volatile("membar.gl;" ::: "memory")
+#elif NV_MEMBAR_GL == 2
+#define DEVICE_FENCE() asm volatile("membar.gl;")
+#else
+#define DEVICE_FENCE() mem_fence(CLK_GLOBAL_MEM_FENCE)
+#endif
+#endif
+
 #ifdef CACHE_HALF
 #define CACHE_T half
 #define LOAD_C(i, p) vload_half((i), (p))
@@ -188,6 +202,8 @@ __kernel __attribute__((reqd_work_group_size(ATT_WG, 1, 1))) void attention_deco
         qf[i + half_d] = x2 * c + x1 * s;
         if (holds_new) {
             const float k1 = qkv[k_at + i], k2 = qkv[k_at + i + half_d];
+            // With a float16 cache this step uses the new token's float32 k and v, later steps the stored
+            // half values: a difference far inside the conformance limits.
             kf[i] = k1 * c - k2 * s;
             kf[i + half_d] = k2 * c + k1 * s;
             vf[i] = qkv[v_at + i];
@@ -262,12 +278,12 @@ __kernel __attribute__((reqd_work_group_size(ATT_WG, 1, 1))) void attention_deco
         partial[stats + 1] = count > 0 ? sum : 0.0f;
     }
     // Publish this partition, then count it; the last of the (row, head) merges all of them.
-    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    DEVICE_FENCE();
     barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
     if (lid == 0) merging = atomic_inc(counters + counters_off + row_head) == parts - 1;
     barrier(CLK_LOCAL_MEM_FENCE);
     if (!merging) return;
-    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    DEVICE_FENCE();
     // Volatile reads go past the (non-coherent) L1 cache to where the other work-groups' writes landed.
     volatile __global const float* parts_at = partial + partial_off + row_head * parts * (HD + 2);
     float m = -INFINITY;

@@ -12,6 +12,20 @@
 // spans two groups.
 // Activation tensor arguments are (pointer, element offset) pairs: views are offsets, not sub-buffers.
 
+// A device-wide memory fence for the last-work-group-finishes patterns below. OpenCL 1.2's mem_fence only
+// orders one work-item's own accesses (NVIDIA compiles it to a CTA-scope membar), so on NVIDIA the runtime
+// builds with -DNV_MEMBAR_GL=1 or 2 (the inline-PTX form its compiler took) for a device-scope fence;
+// PoCL's CPU threads are coherent. Other devices do not run these kernels (ops.py uses separate launches).
+#ifndef DEVICE_FENCE
+#if NV_MEMBAR_GL == 1
+#define DEVICE_FENCE() asm volatile("membar.gl;" ::: "memory")
+#elif NV_MEMBAR_GL == 2
+#define DEVICE_FENCE() asm volatile("membar.gl;")
+#else
+#define DEVICE_FENCE() mem_fence(CLK_GLOBAL_MEM_FENCE)
+#endif
+#endif
+
 #ifndef NT
 #define NT 1  // tokens multiplied per pass over the weights (batched decode: n <= NT)
 #endif
@@ -252,13 +266,13 @@ __kernel __attribute__((reqd_work_group_size(RW, KS, 1))) void int4_gemv(
     }
 #ifdef ADD_NORM
     __local int last;
-    mem_fence(CLK_GLOBAL_MEM_FENCE);  // this work-item's outputs reach memory before the group is counted
+    DEVICE_FENCE();  // this work-item's outputs reach memory before the group is counted
     barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
     const int tid = split * RW + lr;
     if (tid == 0) last = atomic_inc(counter + counter_off) == (int)get_num_groups(0) - 1;
     barrier(CLK_LOCAL_MEM_FENCE);
     if (!last) return;
-    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    DEVICE_FENCE();
     add_rmsnorm_rows(out + out_off, residual + residual_off, norm_w + norm_w_off, normed + normed_off, n, cols, eps,
                      &partial[0][0][0], tid, RW * KS);
     if (tid == 0) counter[counter_off] = 0;
