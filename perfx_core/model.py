@@ -62,7 +62,7 @@ class LlamaModel:
         )
         self.cache = runtime.new_kv_cache(self.cache_spec)
         self._allocate_buffers(max(prefill_chunk, n_slots))
-        self._graphs: dict[tuple[int, Any], Any] = {}  # recorded decode steps by (batch size, signature)
+        self._graphs: dict[Any, Any] = {}  # recorded decode steps by (batch size, signature, argmax on device)
 
     def _upload_weights(self, weights: LlamaWeights) -> None:
         rt = self.rt
@@ -178,32 +178,41 @@ class LlamaModel:
         logits = self._rows("logits", 0, n)
         on_device = argmax and not ops.sources["argmax"].startswith("perfx_core:")  # else np.argmax below
         result = rt.view(self._buffers["argmax"], 0, (n,)) if on_device else logits
-        # A runtime that captures graphs queues a recorded step again instead of running the ops (not while
-        # the ops are being profiled: that needs the calls).
-        signature = rt.graph_signature(pos_arr) if ops.profile is None else None
-        inputs = {"ids": ids, "slots": slots_arr, "positions": pos_arr}
-        key = (n, signature, on_device)
-        graph = self._graphs.get(key) if signature is not None else None
-        if graph is not None:
-            rt.replay(graph, inputs)
-            return self._read(result, argmax and not on_device)
 
-        def attend(qkv: Any, layer: int, out: Any) -> None:
-            ops.attention_decode(qkv, self.cache, layer, slots_arr, pos_arr, self.rope, self.attention, out)
+        def queue_step() -> None:
+            def attend(qkv: Any, layer: int, out: Any) -> None:
+                ops.attention_decode(qkv, self.cache, layer, slots_arr, pos_arr, self.rope, self.attention, out)
 
-        if signature is not None:
-            rt.begin_capture(tuple(inputs))
-        try:
             ops.logits(self._forward(ids, attend), self.output, logits)
             if on_device:
                 ops.argmax(logits, result)
+
+        # Not while the ops are being profiled: that needs the calls.
+        signature = rt.graph_signature(pos_arr) if ops.profile is None else None
+        key = None if signature is None else (n, signature, on_device)
+        self._queue_recorded(key, {"ids": ids, "slots": slots_arr, "positions": pos_arr}, queue_step)
+        return self._read(result, argmax and not on_device)
+
+    def _queue_recorded(self, key: Any, inputs: dict[str, np.ndarray], queue_step: Callable[[], None]) -> None:
+        """Queue a step: a runtime that captures graphs replays the step recorded under ``key`` with new index
+        ``inputs`` (its ops' Python skipped), else the step runs and is recorded; ``key`` None just runs it."""
+        rt = self.rt
+        graph = self._graphs.get(key) if key is not None else None
+        if graph is not None:
+            rt.replay(graph, inputs)
+            return
+        if key is None:
+            queue_step()
+            return
+        rt.begin_capture(tuple(inputs))
+        try:
+            queue_step()
         finally:
-            graph = rt.end_capture() if signature is not None else None
+            graph = rt.end_capture()
         if graph is not None:
             if len(self._graphs) >= MAX_GRAPHS:
                 self._graphs.pop(next(iter(self._graphs)))  # the oldest
             self._graphs[key] = graph
-        return self._read(result, argmax and not on_device)
 
     def _read(self, result: Any, host_argmax: bool) -> np.ndarray:
         values = self.rt.to_numpy(result)
