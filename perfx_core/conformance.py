@@ -357,6 +357,42 @@ def _argmax_case(n: int, vocab: int, special: str) -> tuple[str, float, Body]:
     return f"n={n} vocab={vocab} {special}", 0.0, body
 
 
+def _sample_case(n: int, vocab: int, temperature: float, min_p: float) -> tuple[str, float, Body]:
+    """sample: every row the same logits, each its own seed and step. The draws must be the reference's
+    (sampling.engine_draw; at most 1% may differ, from float rounding near ties), follow the tempered softmax,
+    and never pick a token min-p removes."""
+    limit = 0.01
+
+    def body(t: _Trial, rng: np.random.Generator) -> None:
+        from .sampling import engine_draw
+
+        base = (rng.standard_normal(vocab) * 2).astype(np.float32)
+        logits = np.tile(base, (n, 1))
+        bits = np.array([temperature, min_p], dtype=np.float32).view(np.int32)
+        rows = np.stack([[bits[0], bits[1], 1000 + i, 3 * i] for i in range(n)]).astype(np.int32)
+        out = t.int_output("out", (n,))
+        t.rt.ops.sample(t.input("logits", logits), t.ints("rows", rows.ravel().tolist()).reshape(n, 4), out)
+        got = t.read("out")
+        want = np.array([engine_draw(logits[i], rows[i]) for i in range(n)])
+        t.nmse = float(np.mean(got != want))
+        if not (0 <= got.min() and got.max() < vocab):
+            t.problems.append(f"ids outside 0..{vocab - 1}")
+            return
+        if temperature == 0:
+            return
+        scaled = base / temperature
+        kept = scaled >= scaled.max() + np.log(min_p) if min_p > 0 else np.ones(vocab, bool)
+        if (~kept[got]).any():
+            t.problems.append(f"drew a token min-p removes ({int(got[~kept[got]][0])})")
+        probs = np.where(kept, np.exp(scaled - scaled.max()), 0.0)
+        probs /= probs.sum()
+        freq = np.bincount(got, minlength=vocab) / n
+        if np.abs(freq - probs).max() > 4 / np.sqrt(n):  # ~4 standard deviations of a frequency
+            t.problems.append(f"draw frequencies {np.round(freq, 3)} do not follow the softmax {np.round(probs, 3)}")
+
+    return f"n={n} vocab={vocab} T={temperature:g} min_p={min_p:g}", limit, body
+
+
 def _embedding_case(n: int, desc: tuple) -> tuple[str, float, Body]:
     limit = MATMUL_LIMIT if desc[0] == "int4" else EXACT_LIMIT
 
@@ -525,6 +561,13 @@ def _cases(op: str) -> list[tuple[str, float, Body]]:
             _argmax_case(2, 300, "negative"),
             _argmax_case(17, 32000, "nan"),
             _argmax_case(5, 49152, "ties"),
+        ]
+    if op == "sample":
+        return [
+            _sample_case(3, 4097, 0.0, 0.0),
+            _sample_case(2048, 6, 1.0, 0.0),
+            _sample_case(2048, 6, 0.5, 0.1),
+            _sample_case(17, 32000, 0.8, 0.05),
         ]
     if op == "linear_add_rmsnorm":
         return [

@@ -206,8 +206,11 @@ class Generation:
             stats.prefill_s = time.perf_counter() - start
             decode_start = time.perf_counter()
             position = len(self.prompt_ids)
-            # Greedy without a repetition penalty: the engine picks the token (on the device when it can).
-            device_argmax, picked = self.sampler.params.plain_argmax, None
+            # Greedy without a repetition penalty: the engine picks the token (on the device when it can); so
+            # does a temperature/min-p draw when the backend samples on the device.
+            params = self.sampler.params
+            device_argmax, picked = params.plain_argmax, None
+            device_sample = not params.greedy and params.engine_sampleable and model.samples_on_device
             while True:
                 if picked is not None:
                     token = picked
@@ -230,6 +233,9 @@ class Generation:
                     break
                 if device_argmax:
                     picked = int(model.decode([token], [self.slot], [position], argmax=True)[0])
+                elif device_sample:
+                    rows = self.sampler.engine_row()[None, :]
+                    picked = int(model.decode([token], [self.slot], [position], sampling=rows)[0])
                 else:
                     logits = model.decode([token], [self.slot], [position])[0]
                 position += 1

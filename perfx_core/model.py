@@ -16,6 +16,7 @@ from .backend import AttentionSpec, KVCacheSpec, RopeTable, Runtime
 from .config import LlamaConfig, LlamaWeights
 from .errors import ContextLengthError, InvalidArgumentError
 from .rope import rope_cos_sin
+from .sampling import engine_draw
 from .weights import concat_rows
 
 
@@ -92,7 +93,7 @@ class LlamaModel:
             "attn": rt.empty((max_tokens, c.q_dim)),
             "ffn": rt.empty((max_tokens, c.ffn_dim)),
             "logits": rt.empty((max(self.n_slots, 1), c.vocab_size)),
-            "argmax": rt.empty((max(self.n_slots, 1),), np.int32),  # decode(argmax=True) on the device
+            "argmax": rt.empty((max(self.n_slots, 1),), np.int32),  # ids picked on the device (argmax, sample)
         }
 
     def _rows(self, name: str, start: int, n: int) -> Any:
@@ -154,12 +155,25 @@ class LlamaModel:
         self.rt.ops.logits(h, self.output, out)
         return self.rt.to_numpy(out)
 
+    @property
+    def samples_on_device(self) -> bool:
+        """Whether the backend implements the ``sample`` op itself, so decode(sampling=...) sends back B ids
+        instead of B x vocab logits (else the draw happens on the host, from the logits)."""
+        return not self.rt.ops.sources["sample"].startswith("perfx_core:")
+
     def decode(
-        self, tokens: Sequence[int], slots: Sequence[int], positions: Sequence[int], *, argmax: bool = False
+        self,
+        tokens: Sequence[int],
+        slots: Sequence[int],
+        positions: Sequence[int],
+        *,
+        argmax: bool = False,
+        sampling: np.ndarray | None = None,
     ) -> np.ndarray:
         """One new token per sequence: token b goes to ``slots[b]`` at ``positions[b]``. Returns the (B, vocab)
-        logits, or with ``argmax`` the (B,) int32 index of each row's largest logit (first on ties), picked on
-        the device when the backend implements the ``argmax`` op, so only B ids cross to the host."""
+        logits; with ``argmax`` the (B,) int32 index of each row's largest logit (first on ties); with
+        ``sampling`` ((B, 4) int32 rows of Sampler.engine_row) the (B,) ids the ``sample`` op draws. Both are
+        picked on the device when the backend implements that op, else on the host from the logits."""
         ids = self._check_ids(tokens)
         slots_arr = np.asarray(slots, dtype=np.int32)
         pos_arr = np.asarray(positions, dtype=np.int32)
@@ -174,9 +188,14 @@ class LlamaModel:
             self._check_slot(slot)
         if pos_arr.min() < 0 or pos_arr.max() >= self.max_seq_len:
             raise ContextLengthError(int(pos_arr.max()) + 1, 0, self.max_seq_len)
+        if sampling is not None:
+            sampling = np.ascontiguousarray(sampling, dtype=np.int32)
+            if argmax or sampling.shape != (len(ids), 4):
+                raise InvalidArgumentError(f"decode: sampling must be ({len(ids)}, 4) int32 rows, without argmax")
         ops, rt, n = self.rt.ops, self.rt, len(ids)
         logits = self._rows("logits", 0, n)
-        on_device = argmax and not ops.sources["argmax"].startswith("perfx_core:")  # else np.argmax below
+        pick = "argmax" if argmax else "sample" if sampling is not None else None
+        on_device = pick is not None and not ops.sources[pick].startswith("perfx_core:")  # else from the logits
         result = rt.view(self._buffers["argmax"], 0, (n,)) if on_device else logits
 
         def queue_step() -> None:
@@ -184,14 +203,24 @@ class LlamaModel:
                 ops.attention_decode(qkv, self.cache, layer, slots_arr, pos_arr, self.rope, self.attention, out)
 
             ops.logits(self._forward(ids, attend), self.output, logits)
-            if on_device:
+            if on_device and pick == "argmax":
                 ops.argmax(logits, result)
+            elif on_device:
+                ops.sample(logits, sampling, result)
 
         # Not while the ops are being profiled: that needs the calls.
         signature = rt.graph_signature(pos_arr) if ops.profile is None else None
-        key = None if signature is None else (n, signature, on_device)
-        self._queue_recorded(key, {"ids": ids, "slots": slots_arr, "positions": pos_arr}, queue_step)
-        return self._read(result, argmax and not on_device)
+        key = None if signature is None else (n, signature, pick if on_device else None)
+        inputs = {"ids": ids, "slots": slots_arr, "positions": pos_arr}
+        if on_device and pick == "sample":
+            inputs["sampling"] = sampling
+        self._queue_recorded(key, inputs, queue_step)
+        values = rt.to_numpy(result)
+        if pick is None or on_device:
+            return values
+        if pick == "argmax":
+            return np.argmax(values, axis=1).astype(np.int32)
+        return np.array([engine_draw(values[i], sampling[i]) for i in range(n)], dtype=np.int32)
 
     def _queue_recorded(self, key: Any, inputs: dict[str, np.ndarray], queue_step: Callable[[], None]) -> None:
         """Queue a step: a runtime that captures graphs replays the step recorded under ``key`` with new index
@@ -213,10 +242,6 @@ class LlamaModel:
             if len(self._graphs) >= MAX_GRAPHS:
                 self._graphs.pop(next(iter(self._graphs)))  # the oldest
             self._graphs[key] = graph
-
-    def _read(self, result: Any, host_argmax: bool) -> np.ndarray:
-        values = self.rt.to_numpy(result)
-        return np.argmax(values, axis=1).astype(np.int32) if host_argmax else values
 
     def warm_up(self) -> None:
         """Run the kernel variants a server uses once, so compiling them happens now, not in the middle of

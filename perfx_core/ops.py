@@ -22,6 +22,7 @@ Composite ops (generic versions below work on every backend; a backend may fuse 
   linear, qkv_proj, gate_up_silu, logits,
   linear_add_rmsnorm(x, w, residual, weight, eps, out)  residual += x @ w.T (in place); out = rmsnorm(residual)
   argmax(logits (n, vocab), out (n,) int32)            out[i] = first index of the largest logit of row i
+  sample(logits (n, vocab), rows (n, 4) host int32, out (n,) int32)   out[i] = sampling.engine_draw(logits[i], rows[i])
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ PRIMITIVE_OPS = (
     "attention_decode",
     "attention_prefill",
 )
-COMPOSITE_OPS = ("linear", "qkv_proj", "gate_up_silu", "logits", "linear_add_rmsnorm", "argmax")
+COMPOSITE_OPS = ("linear", "qkv_proj", "gate_up_silu", "logits", "linear_add_rmsnorm", "argmax", "sample")
 OP_NAMES = PRIMITIVE_OPS + COMPOSITE_OPS
 
 GENERIC_PRIORITY = -100  # generic composites lose to anything a backend or plugin registers
@@ -98,6 +99,15 @@ def generic_argmax(rt, logits, out) -> None:
     rt.write(out, np.argmax(rt.to_numpy(logits), axis=1).astype(np.int32))
 
 
+def generic_sample(rt, logits, rows, out) -> None:
+    """out (n,) int32 = one token per row drawn as sampling.engine_draw defines it (greedy rows: argmax), on the
+    host (a device backend overrides this so the logits stay on the device; needs ``rt.write``)."""
+    from .sampling import engine_draw
+
+    host = rt.to_numpy(logits)
+    rt.write(out, np.array([engine_draw(host[i], rows[i]) for i in range(host.shape[0])], dtype=np.int32))
+
+
 GENERIC_OPS: dict[str, Callable[..., None]] = {
     "linear": generic_linear,
     "qkv_proj": generic_qkv_proj,
@@ -105,6 +115,7 @@ GENERIC_OPS: dict[str, Callable[..., None]] = {
     "logits": generic_logits,
     "linear_add_rmsnorm": generic_linear_add_rmsnorm,
     "argmax": generic_argmax,
+    "sample": generic_sample,
 }
 
 

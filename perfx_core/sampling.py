@@ -47,6 +47,13 @@ class SamplingParams:
         return self.temperature == 0
 
     @property
+    def engine_sampleable(self) -> bool:
+        """Greedy, or temperature and min-p without top-k/top-p filters, and no repetition penalty: an engine
+        with a ``sample`` op can draw the token on the device (see Sampler.engine_row)."""
+        filters = self.top_k != 0 or self.top_p < 1.0
+        return self.repetition_penalty == 1.0 and (self.greedy or not filters)
+
+    @property
     def plain_argmax(self) -> bool:
         """The next token is the argmax of the raw logits (greedy, no repetition penalty): the engine can pick
         it on the device and send back one id instead of the logits."""
@@ -59,6 +66,18 @@ class Sampler:
     def __init__(self, params: SamplingParams):
         self.params = params
         self.rng = np.random.default_rng(params.seed)
+        # The device draws' random stream: (seed, step) -> uniforms, the same on every backend (see `sample`).
+        self.stream_seed = int(self.rng.integers(2**31)) if params.seed is None else int(params.seed) % 2**31
+        self.engine_steps = 0
+
+    def engine_row(self) -> np.ndarray:
+        """This sequence's row of the ``sample`` op's parameters for its next token (then advances the step):
+        int32 [float32 bits of temperature (0: greedy), float32 bits of min_p, stream seed, step]."""
+        p = self.params
+        floats = np.array([p.temperature, p.min_p], dtype=np.float32).view(np.int32)
+        row = np.array([floats[0], floats[1], self.stream_seed, self.engine_steps % 2**31], dtype=np.int32)
+        self.engine_steps += 1
+        return row
 
     def __call__(self, logits: np.ndarray, history: Iterable[int] = ()) -> int:
         p = self.params
@@ -105,3 +124,42 @@ def apply_repetition_penalty(logits: np.ndarray, history: Iterable[int], penalty
     values = out[seen]
     out[seen] = np.where(values > 0, values / penalty, values * penalty)
     return out
+
+
+# -- the engine's draw (the `sample` op): Gumbel-max over a counter-based random stream ---------------------
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """A 32-bit integer hash (lowbias32): the random stream is a hash of (seed, step, token index)."""
+    x = x.astype(np.uint32)
+    x ^= x >> np.uint32(16)
+    x *= np.uint32(0x7FEB352D)
+    x ^= x >> np.uint32(15)
+    x *= np.uint32(0x846CA68B)
+    x ^= x >> np.uint32(16)
+    return x
+
+
+def stream_uniforms(seed: int, step: int, n: int) -> np.ndarray:
+    """n float32 uniforms in (0, 1) of (seed, step): what kernels/elementwise.cl's sample_rows computes."""
+    with np.errstate(over="ignore"):
+        key = _mix(np.uint32(seed) ^ _mix(np.uint32(step) * np.uint32(0x9E3779B9) + np.uint32(0x632BE5AB)))
+        bits = _mix(key ^ (np.arange(n, dtype=np.uint32) * np.uint32(0x85EBCA6B)))
+    return ((bits >> np.uint32(8)).astype(np.float32) + np.float32(0.5)) * np.float32(1.0 / 16777216.0)
+
+
+def engine_draw(logits: np.ndarray, row: np.ndarray) -> int:
+    """The token the ``sample`` op draws for one row of logits and one parameter row (Sampler.engine_row):
+    greedy when the temperature is 0, else argmax(logits / T + Gumbel noise) over the tokens min-p keeps, an
+    exact draw from softmax(logits / T) restricted to them."""
+    temperature, min_p = np.asarray(row[:2], dtype=np.int32).view(np.float32)
+    logits = np.asarray(logits, dtype=np.float32)
+    if temperature == 0:
+        return int(np.argmax(logits))
+    scaled = logits / np.float32(temperature)
+    with np.errstate(divide="ignore"):
+        gumbel = -np.log(-np.log(stream_uniforms(int(row[2]), int(row[3]), scaled.size)))
+    keys = scaled + gumbel
+    if min_p > 0:
+        keys = np.where(scaled >= scaled.max() + np.log(np.float32(min_p)), keys, -np.inf)
+    return int(np.argmax(keys))

@@ -284,11 +284,13 @@ def test_a_step_that_reads_back_is_not_recorded(registry):
         rt.close()
 
 
-def test_decode_argmax_on_the_device_matches_the_logits(registry, smollm2_path):
-    """decode(argmax=True) runs the argmax op on the device (one id per row comes back, also in a replayed
-    step) and agrees with the argmax of the logits decode() returns."""
+def test_decode_argmax_and_sampling_on_the_device_match_the_logits(registry, smollm2_path):
+    """decode(argmax=True) and decode(sampling=rows) pick on the device (one id per row comes back, also in a
+    replayed step) and agree with the argmax / the reference draw (sampling.engine_draw) of the logits that
+    decode() returns; the same seed and step draw the same token again."""
     from perfx_core.gguf_loader import load_llama_gguf
     from perfx_core.model import LlamaModel
+    from perfx_core.sampling import Sampler, SamplingParams, engine_draw
 
     config, weights, _ = load_llama_gguf(smollm2_path)
     rt = registry.open_runtime("opencl")
@@ -297,11 +299,27 @@ def test_decode_argmax_on_the_device_matches_the_logits(registry, smollm2_path):
         model = LlamaModel(config, weights, rt, n_slots=3, max_seq_len=64, prefill_chunk=16)
         for slot in range(3):
             model.prefill([1, 504, 3458 + slot], slot=slot)
+        assert model.samples_on_device
+        samplers = [
+            Sampler(SamplingParams(temperature=t, top_k=0, top_p=1, min_p=m, seed=7))
+            for t, m in ((1.0, 0.0), (0.7, 0.05), (0.0, 0.0))
+        ]  # the last row greedy
+        drawn = []
         for step in range(3):  # the second and third are replays of the first
             args = ([11, 12, 13], [0, 1, 2], [3 + step] * 3)
             ids = model.decode(*args, argmax=True)
             assert ids.dtype == np.int32 and ids.shape == (3,)
-            np.testing.assert_array_equal(ids, np.argmax(model.decode(*args), axis=1))
+            logits = model.decode(*args)
+            np.testing.assert_array_equal(ids, np.argmax(logits, axis=1))
+            rows = np.stack([s.engine_row() for s in samplers])
+            sampled = model.decode(*args, sampling=rows)
+            np.testing.assert_array_equal(sampled, [engine_draw(logits[i], rows[i]) for i in range(3)])
+            assert sampled[2] == ids[2]
+            drawn.append(sampled)
+        rows = np.stack([[*r[:3], 0] for r in np.stack([s.engine_row() for s in samplers])]).astype(np.int32)
+        again = [model.decode([11, 12, 13], [0, 1, 2], [3, 3, 3], sampling=rows) for _ in range(2)]
+        np.testing.assert_array_equal(again[0], again[1])  # same seed and step: the same draw
+        np.testing.assert_array_equal(again[0], drawn[0])
     finally:
         rt.close()
 

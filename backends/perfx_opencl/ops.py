@@ -20,7 +20,7 @@ from perfx_core.ops import PRIMITIVE_OPS, generic_gate_up_silu, generic_linear_a
 from . import tuning
 
 # Fused composites, for int4 weights and n <= SMALL_N (else the generic compositions).
-OPS = PRIMITIVE_OPS + ("gate_up_silu", "linear_add_rmsnorm", "argmax")
+OPS = PRIMITIVE_OPS + ("gate_up_silu", "linear_add_rmsnorm", "argmax", "sample")
 
 SMALL_N = 16  # up to this many tokens an int4 matmul uses the GEMV kernel, which reads W once for all of them
 DENSE_SMALL_N = 4  # the dense GEMV re-reads W per token, so it only pays for very small batches
@@ -296,6 +296,13 @@ def argmax(rt, logits, out):
     if n:
         kernel = rt.kernel("elementwise", "argmax_rows", ARGMAX_WG=ARGMAX_WG)
         rt.launch(kernel, (ARGMAX_WG * n,), (ARGMAX_WG,), logits, out, vocab)
+
+
+def sample(rt, logits, rows, out):
+    n, vocab = logits.shape
+    if n:
+        kernel = rt.kernel("elementwise", "sample_rows", ARGMAX_WG=ARGMAX_WG)
+        rt.launch(kernel, (ARGMAX_WG * n,), (ARGMAX_WG,), logits, rt.upload_ints("sampling", rows), out, vocab)
 
 
 def silu_mul(rt, gate_up, out):

@@ -225,19 +225,27 @@ class Scheduler:
                 self._accept(prefilling, logits)
         batch = [s for s in self._running if s.pending is not None and not s.done and not s.request.cancelled]
         if batch:
-            # When every sequence is plain greedy the engine picks the tokens (on the device where it can).
+            # The engine picks the tokens when every sequence is plain greedy (argmax), or when the backend
+            # samples on the device and every sequence's parameters allow it (greedy rows included).
             argmax = all(s.request.sampling.plain_argmax for s in batch)
-            start = time.perf_counter()
-            rows = engine.decode(
-                [s.pending for s in batch], [s.slot for s in batch], [s.position for s in batch], argmax=argmax
+            sample = (
+                not argmax
+                and getattr(engine, "samples_on_device", False)
+                and all(s.request.sampling.engine_sampleable for s in batch)
             )
+            picks = {"argmax": True} if argmax else {}
+            if sample:
+                picks = {"sampling": np.stack([s.sampler.engine_row() for s in batch])}
+            start = time.perf_counter()
+            tokens, slots, positions = [s.pending for s in batch], [s.slot for s in batch], [s.position for s in batch]
+            rows = engine.decode(tokens, slots, positions, **picks)
             self.max_batch_size = max(self.max_batch_size, len(batch))
             if self.metrics:
                 self.metrics.engine_seconds.labels("decode").observe(time.perf_counter() - start)
                 self.metrics.decode_batch_size.observe(len(batch))
             for seq, row in zip(batch, rows, strict=True):
                 seq.position += 1
-                if argmax:
+                if picks:
                     self._accept(seq, token=int(row))
                 else:
                     self._accept(seq, row)
