@@ -77,6 +77,23 @@ inline bool beats(float v, int i, float best, int at) {
     return v > best || (v == best && i < at);
 }
 
+// The winning index of a work-group whose threads hold (best, at) candidates (beats() decides); local arrays
+// of ARGMAX_WG entries.
+inline int group_argmax(float best, int at, __local float* best_v, __local int* best_i) {
+    const int lid = get_local_id(0);
+    best_v[lid] = best;
+    best_i[lid] = at;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int stride = ARGMAX_WG / 2; stride > 0; stride >>= 1) {
+        if (lid < stride && beats(best_v[lid + stride], best_i[lid + stride], best_v[lid], best_i[lid])) {
+            best_v[lid] = best_v[lid + stride];
+            best_i[lid] = best_i[lid + stride];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    return best_i[0];
+}
+
 // out[row] = the first index of the largest value of each row of x (n, vocab). Global size (ARGMAX_WG * n):
 // one work-group per row, so a decode step sends back n ids instead of n x vocab logits.
 __kernel __attribute__((reqd_work_group_size(ARGMAX_WG, 1, 1))) void argmax_rows(
@@ -94,17 +111,8 @@ __kernel __attribute__((reqd_work_group_size(ARGMAX_WG, 1, 1))) void argmax_rows
             at = i;
         }
     }
-    best_v[lid] = best;
-    best_i[lid] = at;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int stride = ARGMAX_WG / 2; stride > 0; stride >>= 1) {
-        if (lid < stride && beats(best_v[lid + stride], best_i[lid + stride], best_v[lid], best_i[lid])) {
-            best_v[lid] = best_v[lid + stride];
-            best_i[lid] = best_i[lid + stride];
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    if (lid == 0) out[out_off + row] = best_i[0];
+    const int winner = group_argmax(best, at, best_v, best_i);
+    if (lid == 0) out[out_off + row] = winner;
 }
 
 // -- sampling ------------------------------------------------------------------------------------------------
@@ -159,15 +167,6 @@ __kernel __attribute__((reqd_work_group_size(ARGMAX_WG, 1, 1))) void sample_rows
             at = i;
         }
     }
-    best_v[lid] = best;
-    best_i[lid] = at;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int stride = ARGMAX_WG / 2; stride > 0; stride >>= 1) {
-        if (lid < stride && beats(best_v[lid + stride], best_i[lid + stride], best_v[lid], best_i[lid])) {
-            best_v[lid] = best_v[lid + stride];
-            best_i[lid] = best_i[lid + stride];
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    if (lid == 0) out[out_off + row] = best_i[0];
+    const int winner = group_argmax(best, at, best_v, best_i);
+    if (lid == 0) out[out_off + row] = winner;
 }
