@@ -246,9 +246,9 @@ class LlamaModel:
     def warm_up(self) -> None:
         """Run the kernel variants a server uses once, so compiling them happens now, not in the middle of
         serving requests (an OpenCL build takes ~0.3 s): prefills of a full chunk and of 2, 3, 5, 9 and 17
-        tokens (one per token-count class of the matmul kernels) and decode at each power-of-two batch up
-        to n_slots. The slots' cache contents are garbage afterwards, which is harmless: a sequence writes
-        every position before it attends to it."""
+        tokens (one per token-count class of the matmul kernels), decode at each power-of-two batch up to
+        n_slots, and decode picking its token (argmax, sample). The slots' cache contents are garbage
+        afterwards, which is harmless: a sequence writes every position before it attends to it."""
         chunk = min(self.prefill_chunk, self.max_seq_len)
         for length in sorted({chunk, *(n for n in (2, 3, 5, 9, 17) if n <= chunk)}):  # each token-count class
             self.prefill([0] * length, slot=0)
@@ -259,6 +259,8 @@ class LlamaModel:
             if batch == self.n_slots:
                 break
             batch *= 2
+        self.decode([0], [0], [chunk - 1], argmax=True)  # the kernels that pick tokens on the device
+        self.decode([0], [0], [chunk - 1], sampling=np.array([[1065353216, 0, 0, 0]], dtype=np.int32))  # T = 1
 
     def _check_ids(self, tokens: Sequence[int]) -> np.ndarray:
         ids = np.asarray(tokens, dtype=np.int64)

@@ -86,17 +86,16 @@ class Sampler:
             logits = apply_repetition_penalty(logits, history, p.repetition_penalty)
         if p.greedy:
             return int(np.argmax(logits))
+        vocab = logits.shape[0]
+        if (p.top_k == 0 or p.top_k >= vocab) and p.top_p >= 1.0:
+            # No top-k/top-p filter: the engine's draw (~0.4 ms for 49k tokens, no sort), the same tokens the
+            # device draws for this seed, so a seeded sequence repeats on every backend.
+            return engine_draw(logits, self.engine_row())
         return self._draw(logits / np.float32(p.temperature))
 
     def _draw(self, logits: np.ndarray) -> int:
         p = self.params
         vocab = logits.shape[0]
-        if (p.top_k == 0 or p.top_k >= vocab) and p.top_p >= 1.0 and p.min_p == 0:
-            # No filter: draw from a cumulative sum (~0.3 ms for 49k tokens) instead of sorting (~6 ms).
-            weights = np.exp((logits - logits.max()).astype(np.float64))
-            cumulative = np.cumsum(weights)
-            drawn = np.searchsorted(cumulative, self.rng.random() * cumulative[-1], side="right")
-            return int(min(drawn, vocab - 1))
         # Candidates sorted by logit, best first; top-k limits how many we ever look at.
         if 0 < p.top_k < vocab:
             cand = np.argpartition(-logits, p.top_k - 1)[: p.top_k]
@@ -141,25 +140,30 @@ def _mix(x: np.ndarray) -> np.ndarray:
 
 
 def stream_uniforms(seed: int, step: int, n: int) -> np.ndarray:
-    """n float32 uniforms in (0, 1) of (seed, step): what kernels/elementwise.cl's sample_rows computes."""
+    """n float32 uniforms strictly inside (0, 1) of (seed, step) (int32 values, read as unsigned): what
+    kernels/elementwise.cl's sample_rows computes. 23 bits, so (bits + 0.5) / 2^23 is exact in float32 and
+    never rounds to 1 (which would make its Gumbel noise infinite and the token win regardless of its logit)."""
+    seed_u, step_u = np.array([seed, step], dtype=np.int64).astype(np.int32).view(np.uint32)
     with np.errstate(over="ignore"):
-        key = _mix(np.uint32(seed) ^ _mix(np.uint32(step) * np.uint32(0x9E3779B9) + np.uint32(0x632BE5AB)))
+        key = _mix(seed_u ^ _mix(step_u * np.uint32(0x9E3779B9) + np.uint32(0x632BE5AB)))
         bits = _mix(key ^ (np.arange(n, dtype=np.uint32) * np.uint32(0x85EBCA6B)))
-    return ((bits >> np.uint32(8)).astype(np.float32) + np.float32(0.5)) * np.float32(1.0 / 16777216.0)
+    return ((bits >> np.uint32(9)).astype(np.float32) + np.float32(0.5)) * np.float32(1.0 / 8388608.0)
 
 
 def engine_draw(logits: np.ndarray, row: np.ndarray) -> int:
     """The token the ``sample`` op draws for one row of logits and one parameter row (Sampler.engine_row):
-    greedy when the temperature is 0, else argmax(logits / T + Gumbel noise) over the tokens min-p keeps, an
-    exact draw from softmax(logits / T) restricted to them."""
+    greedy when the temperature is 0 (NumPy's argmax: a NaN wins), else the argmax of (logits - max) / T plus
+    Gumbel noise over the tokens min-p keeps: an exact draw from softmax(logits / T) restricted to them. NaN
+    logits never win a draw; subtracting the max first keeps tiny temperatures finite."""
     temperature, min_p = np.asarray(row[:2], dtype=np.int32).view(np.float32)
     logits = np.asarray(logits, dtype=np.float32)
     if temperature == 0:
         return int(np.argmax(logits))
-    scaled = logits / np.float32(temperature)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # -inf/NaN/overflow are expected here
+        top = np.nanmax(logits) if not np.isnan(logits).all() else np.float32(0)
+        top = top if np.isfinite(top) else np.float32(0)  # as the kernel: an infinite max is not subtracted
+        scaled = (logits - top) / np.float32(temperature)
+        cut = np.log(np.float32(min_p)) if min_p > 0 else -np.inf
         gumbel = -np.log(-np.log(stream_uniforms(int(row[2]), int(row[3]), scaled.size)))
-    keys = scaled + gumbel
-    if min_p > 0:
-        keys = np.where(scaled >= scaled.max() + np.log(np.float32(min_p)), keys, -np.inf)
+        keys = np.where(scaled >= cut, scaled + gumbel, -np.inf)  # NaN >= cut is False: NaN never wins
     return int(np.argmax(keys))

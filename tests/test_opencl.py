@@ -374,3 +374,21 @@ def test_without_fused_tails_the_ops_use_separate_launches(registry, monkeypatch
     finally:
         rt.close()
     assert_backend_conforms("opencl", ops=["linear_add_rmsnorm", "attention_decode"])
+
+
+@pytest.mark.slow
+def test_seeded_sampling_is_the_same_on_numpy_and_opencl(registry, smollm2):
+    """A seeded temperature/min-p generation draws on the device on OpenCL and on the host on NumPy: the same
+    tokens (sampling.engine_draw is one definition for both)."""
+    model = perfx_core.load(backend="opencl", context_length=256)
+    try:
+        kwargs = dict(max_tokens=24, temperature=0.8, top_k=0, top_p=1, min_p=0.05, seed=11, ignore_eos=True)
+        ours, ref = model.generate(PROMPT, **kwargs), smollm2.generate(PROMPT, **kwargs)
+        ours.run()
+        ref.run()
+        assert ours.token_ids == ref.token_ids, (ours.text, ref.text)
+        greedy = model.generate(PROMPT, max_tokens=24, temperature=0, ignore_eos=True)
+        greedy.run()
+        assert ours.token_ids != greedy.token_ids  # it did sample
+    finally:
+        model.close()

@@ -68,3 +68,42 @@ def test_repetition_penalty():
 def test_invalid_params(kwargs):
     with pytest.raises(InvalidArgumentError):
         SamplingParams(**kwargs)
+
+
+def test_engine_uniforms_stay_inside_the_open_interval():
+    """Every uniform of the draw's stream is strictly between 0 and 1 (a 1.0 would make its Gumbel noise
+    infinite and its token win regardless of the logits)."""
+    from perfx_core.sampling import stream_uniforms
+
+    for seed, step in ((7, 395), (0, 0), (-5, 2**31 - 1), (2**31 - 1, 12345)):
+        u = stream_uniforms(seed, step, 1 << 20)
+        assert 0 < u.min() and u.max() < 1
+
+
+def test_a_far_ahead_token_always_wins_the_draw():
+    logits = np.full(49152, -30.0, np.float32)
+    logits[0] = 30.0
+    sampler = Sampler(SamplingParams(temperature=1, top_k=0, top_p=1, min_p=0, seed=7))
+    assert all(sampler(logits) == 0 for _ in range(400))
+
+
+def test_filter_free_draws_are_the_engine_draws():
+    """Without top-k/top-p the host sampler makes exactly the draws the engine's sample op makes for the same
+    seed and step, so a seeded sequence repeats on every backend."""
+    from perfx_core.sampling import engine_draw
+
+    logits = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    params = SamplingParams(temperature=0.7, top_k=0, top_p=1, min_p=0.02, seed=4)
+    host, twin = Sampler(params), Sampler(params)
+    assert [host(logits) for _ in range(50)] == [engine_draw(logits, twin.engine_row()) for _ in range(50)]
+
+
+def test_tiny_temperature_is_the_argmax_and_nan_never_wins():
+    from perfx_core.sampling import engine_draw
+
+    logits = np.linspace(-1, 1, 50).astype(np.float32)
+    row = Sampler(SamplingParams(temperature=1e-40, top_k=0, top_p=1, min_p=0, seed=1)).engine_row()
+    assert engine_draw(logits, row) == 49
+    logits[10] = np.nan
+    sampler = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1, min_p=0.5, seed=1))
+    assert all(engine_draw(logits, sampler.engine_row()) != 10 for _ in range(20))

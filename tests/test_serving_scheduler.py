@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from perfx_core.sampling import Sampler, SamplingParams
+from perfx_core.sampling import Sampler, SamplingParams, engine_draw
 from perfx_core.serving.scheduler import (
     Finished,
     GenerationRequest,
@@ -34,9 +34,12 @@ class FakeEngine:
         self.calls.append(("prefill", slot, start, len(tokens)))
         return self._logits(1)[0]
 
-    def decode(self, tokens, slots, positions, argmax=False):
+    def decode(self, tokens, slots, positions, argmax=False, sampling=None):
+        """LlamaModel.decode's contract: logits, or the picked ids (argmax, or sampling rows' draws)."""
         self.calls.append(("decode", tuple(slots), tuple(positions)))
         logits = self._logits(len(tokens))
+        if sampling is not None:
+            return np.array([engine_draw(logits[i], sampling[i]) for i in range(len(tokens))], dtype=np.int32)
         return np.argmax(logits, axis=1).astype(np.int32) if argmax else logits
 
 

@@ -446,12 +446,13 @@ class OpenCLRuntime(Runtime):
     def fused_tails(self) -> bool:
         """Whether the kernels whose last work-group finishes the job (linear_add_rmsnorm's add + RMSNorm, the
         one-launch decode attention's merge) may run here. They need the other work-groups' writes visible
-        device-wide, which OpenCL 1.2 does not promise: allowed on NVIDIA (membar.gl) and PoCL (coherent CPU
-        threads); elsewhere the ops use separate launches. PERFX_OPENCL_FUSED_TAILS=0/1 overrides."""
+        device-wide, which OpenCL 1.2 does not promise: allowed on NVIDIA (membar.gl) and PoCL on a CPU
+        (coherent threads); elsewhere the ops use separate launches. PERFX_OPENCL_FUSED_TAILS=0/1 overrides."""
         forced = os.environ.get("PERFX_OPENCL_FUSED_TAILS")
         if forced in ("0", "1"):
             return forced == "1"
-        return bool(self._nv_membar) or "portable computing language" in self.cl_device.platform.name.lower()
+        pocl_cpu = "portable computing language" in self.cl_device.platform.name.lower() and self.device.kind == "cpu"
+        return bool(self._nv_membar) or pocl_cpu
 
     def program(self, file: str, options: tuple[str, ...]) -> Any:
         source = (KERNEL_DIR / f"{file}.cl").read_text()

@@ -225,14 +225,11 @@ class Scheduler:
                 self._accept(prefilling, logits)
         batch = [s for s in self._running if s.pending is not None and not s.done and not s.request.cancelled]
         if batch:
-            # The engine picks the tokens when every sequence is plain greedy (argmax), or when the backend
-            # samples on the device and every sequence's parameters allow it (greedy rows included).
+            # The engine picks the tokens (on the device when the backend can) when every sequence is plain
+            # greedy (argmax) or every one is greedy or a temperature/min-p draw (sample); the draws are the
+            # ones each sequence's Sampler would make from the logits (sampling.engine_draw).
             argmax = all(s.request.sampling.plain_argmax for s in batch)
-            sample = (
-                not argmax
-                and getattr(engine, "samples_on_device", False)
-                and all(s.request.sampling.engine_sampleable for s in batch)
-            )
+            sample = not argmax and all(s.request.sampling.engine_sampleable for s in batch)
             picks = {"argmax": True} if argmax else {}
             if sample:
                 picks = {"sampling": np.stack([s.sampler.engine_row() for s in batch])}

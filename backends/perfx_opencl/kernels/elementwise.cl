@@ -118,8 +118,8 @@ __kernel __attribute__((reqd_work_group_size(ARGMAX_WG, 1, 1))) void argmax_rows
 // -- sampling ------------------------------------------------------------------------------------------------
 // One token per row drawn on the device, as perfx_core.sampling.engine_draw defines it: rows[r] = (float bits
 // of the temperature, float bits of min_p, seed, step). Temperature 0: the argmax. Otherwise the argmax of
-// logits / T + Gumbel noise over the tokens min-p keeps, an exact draw from the tempered softmax; the noise
-// comes from a hash of (seed, step, token index), so a seeded sequence repeats on any backend.
+// (logits - max) / T + Gumbel noise over the tokens min-p keeps, an exact draw from the tempered softmax; the
+// noise comes from a hash of (seed, step, token index), so a seeded sequence repeats on any backend.
 inline uint mix32(uint x) {  // lowbias32
     x ^= x >> 16;
     x *= 0x7feb352dU;
@@ -138,28 +138,30 @@ __kernel __attribute__((reqd_work_group_size(ARGMAX_WG, 1, 1))) void sample_rows
     __global const float* values = x + x_off + (size_t)row * vocab;
     const float temperature = as_float(rows[4 * row]), min_p = as_float(rows[4 * row + 1]);
     const uint key = mix32((uint)rows[4 * row + 2] ^ mix32((uint)rows[4 * row + 3] * 0x9e3779b9U + 0x632be5abU));
-    // Pass 1 (only with min-p): the largest logit, for the cut-off.
-    float cut = -INFINITY;
-    if (temperature > 0.0f && min_p > 0.0f) {
+    // Pass 1 (a draw): the largest logit, subtracted before dividing by T so tiny temperatures stay finite.
+    float top = 0.0f;
+    if (temperature > 0.0f) {
         float m = -INFINITY;
-        for (int i = lid; i < vocab; i += ARGMAX_WG) m = fmax(m, values[i]);
+        for (int i = lid; i < vocab; i += ARGMAX_WG) m = fmax(m, values[i]);  // fmax skips NaN
         best_v[lid] = m;
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int stride = ARGMAX_WG / 2; stride > 0; stride >>= 1) {
             if (lid < stride) best_v[lid] = fmax(best_v[lid], best_v[lid + stride]);
             barrier(CLK_LOCAL_MEM_FENCE);
         }
-        cut = best_v[0] / temperature + log(min_p);
+        top = isinf(best_v[0]) ? 0.0f : best_v[0];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    // Pass 2: the argmax of the keys (the logits themselves when greedy).
+    const float cut = min_p > 0.0f ? log(min_p) : -INFINITY;
+    // Pass 2: the argmax of the keys (the logits themselves when greedy). A NaN logit never wins a draw.
     float best = 0.0f;
     int at = -1;
     for (int i = lid; i < vocab; i += ARGMAX_WG) {
         float v = values[i];
         if (temperature > 0.0f) {
-            const float scaled = v / temperature;
-            const float u = ((float)(mix32(key ^ ((uint)i * 0x85ebca6bU)) >> 8) + 0.5f) * (1.0f / 16777216.0f);
+            const float scaled = (v - top) / temperature;
+            // 23 random bits: (bits + 0.5) / 2^23 is exact and strictly inside (0, 1).
+            const float u = ((float)(mix32(key ^ ((uint)i * 0x85ebca6bU)) >> 9) + 0.5f) * (1.0f / 8388608.0f);
             v = scaled >= cut ? scaled - log(-log(u)) : -INFINITY;
         }
         if (beats(v, i, best, at)) {
