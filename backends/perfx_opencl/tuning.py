@@ -1,8 +1,9 @@
 """Per-device tuning of the int4 GEMV (`perfx tune`): search work-group shapes per matmul shape, cache the best.
 
 The cache is one JSON file per (device, driver, backend variant) under the user cache directory
-(perfx_core.settings.cache_dir()/opencl-tuning/). Entries carry a hash of kernels/int4.cl, so editing the
-kernel makes old results stale instead of wrong. Untuned shapes use ops.GEMV_TUNING, which is good untuned.
+(perfx_core.settings.cache_dir()/opencl-tuning/). Entries carry a hash of kernels/int4.cl and ops.py, so
+editing the kernel or its launch geometry makes old results stale instead of wrong. Untuned shapes use
+ops.GEMV_TUNING, which is good untuned.
 """
 
 from __future__ import annotations
