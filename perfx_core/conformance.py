@@ -364,12 +364,11 @@ def _sample_case(n: int, vocab: int, temperature: float, min_p: float) -> tuple[
     limit = 0.01
 
     def body(t: _Trial, rng: np.random.Generator) -> None:
-        from .sampling import engine_draw
+        from .sampling import engine_draw, engine_params
 
         base = (rng.standard_normal(vocab) * 2).astype(np.float32)
         logits = np.tile(base, (n, 1))
-        bits = np.array([temperature, min_p], dtype=np.float32).view(np.int32)
-        rows = np.stack([[bits[0], bits[1], 1000 + i, 3 * i] for i in range(n)]).astype(np.int32)
+        rows = np.stack([engine_params(temperature, min_p, 1000 + i, 3 * i) for i in range(n)])
         out = t.int_output("out", (n,))
         t.rt.ops.sample(t.input("logits", logits), t.ints("rows", rows.ravel().tolist()).reshape(n, 4), out)
         got = t.read("out")
@@ -399,7 +398,7 @@ def _sample_edge_case() -> tuple[str, float, Body]:
     of 1e-30 (the draw of a near-greedy softmax) and all -inf."""
 
     def body(t: _Trial, rng: np.random.Generator) -> None:
-        from .sampling import engine_draw
+        from .sampling import engine_draw, engine_params
 
         vocab = 32000
         peaked = np.full(vocab, -30.0, np.float32)
@@ -415,7 +414,7 @@ def _sample_edge_case() -> tuple[str, float, Body]:
         rows_logits.extend(special)
         rows.extend([(0.9, 0.05, 11, 0), (0.9, 0.0, 12, 1), (1e-30, 0.0, 13, 2), (1.0, 0.0, 14, 3)])
         logits = np.stack(rows_logits)
-        params = np.array([[*np.array(r[:2], np.float32).view(np.int32), r[2], r[3]] for r in rows], np.int32)
+        params = np.stack([engine_params(*r) for r in rows])
         out = t.int_output("out", (len(rows),))
         t.rt.ops.sample(t.input("logits", logits), t.ints("rows", params.ravel().tolist()).reshape(-1, 4), out)
         want = np.array([engine_draw(logits[i], params[i]) for i in range(len(rows))])

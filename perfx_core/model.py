@@ -16,7 +16,7 @@ from .backend import AttentionSpec, KVCacheSpec, RopeTable, Runtime
 from .config import LlamaConfig, LlamaWeights
 from .errors import ContextLengthError, InvalidArgumentError
 from .rope import rope_cos_sin
-from .sampling import engine_draw
+from .sampling import engine_draw, engine_params
 from .weights import concat_rows
 
 
@@ -260,7 +260,7 @@ class LlamaModel:
                 break
             batch *= 2
         self.decode([0], [0], [chunk - 1], argmax=True)  # the kernels that pick tokens on the device
-        self.decode([0], [0], [chunk - 1], sampling=np.array([[1065353216, 0, 0, 0]], dtype=np.int32))  # T = 1
+        self.decode([0], [0], [chunk - 1], sampling=engine_params(1.0, 0.0, 0, 0)[None, :])
 
     def _check_ids(self, tokens: Sequence[int]) -> np.ndarray:
         ids = np.asarray(tokens, dtype=np.int64)

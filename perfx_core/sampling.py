@@ -71,11 +71,8 @@ class Sampler:
         self.engine_steps = 0
 
     def engine_row(self) -> np.ndarray:
-        """This sequence's row of the ``sample`` op's parameters for its next token (then advances the step):
-        int32 [float32 bits of temperature (0: greedy), float32 bits of min_p, stream seed, step]."""
-        p = self.params
-        floats = np.array([p.temperature, p.min_p], dtype=np.float32).view(np.int32)
-        row = np.array([floats[0], floats[1], self.stream_seed, self.engine_steps % 2**31], dtype=np.int32)
+        """This sequence's row of the ``sample`` op's parameters for its next token (then advances the step)."""
+        row = engine_params(self.params.temperature, self.params.min_p, self.stream_seed, self.engine_steps % 2**31)
         self.engine_steps += 1
         return row
 
@@ -126,6 +123,13 @@ def apply_repetition_penalty(logits: np.ndarray, history: Iterable[int], penalty
 
 
 # -- the engine's draw (the `sample` op): Gumbel-max over a counter-based random stream ---------------------
+
+
+def engine_params(temperature: float, min_p: float, seed: int, step: int) -> np.ndarray:
+    """One row of the ``sample`` op's parameters: int32 [float32 bits of the temperature (0: greedy), float32
+    bits of min_p, seed, step]."""
+    floats = np.array([temperature, min_p], dtype=np.float32).view(np.int32)
+    return np.array([floats[0], floats[1], seed, step], dtype=np.int32)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:

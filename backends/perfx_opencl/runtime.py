@@ -455,7 +455,8 @@ class OpenCLRuntime(Runtime):
         return bool(self._nv_membar) or pocl_cpu
 
     def program(self, file: str, options: tuple[str, ...]) -> Any:
-        source = (KERNEL_DIR / f"{file}.cl").read_text()
+        """Kernel file ``file`` behind kernels/device_fence.cl (text, not an #include: no include path to set)."""
+        source = (KERNEL_DIR / "device_fence.cl").read_text() + (KERNEL_DIR / f"{file}.cl").read_text()
         return self.build(source, options, label=f"{file}.cl")
 
     def build(self, source: str, options: tuple[str, ...] = (), label: str = "program") -> Any:

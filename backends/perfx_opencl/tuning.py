@@ -50,8 +50,9 @@ def shape_key(silu: bool, rows: int, k: int, nt: int) -> str:
 def kernel_hash() -> str:
     """Of the GEMV kernel and of ops.py, which turns a tuned shape into launch sizes: changing either makes
     saved shapes stale."""
-    digest = hashlib.sha256((KERNEL_DIR / "int4.cl").read_bytes())
-    digest.update((Path(__file__).parent / "ops.py").read_bytes())
+    digest = hashlib.sha256()
+    for path in (KERNEL_DIR / "device_fence.cl", KERNEL_DIR / "int4.cl", Path(__file__).parent / "ops.py"):
+        digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 

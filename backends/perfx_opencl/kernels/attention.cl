@@ -3,20 +3,6 @@
 // store_kv writes RoPE'd k and raw v of every new row, then attention reads the cache as stored.
 // A "row" is one new token: decode has one per sequence, prefill T of one sequence; rows[r] = (slot, pos).
 
-// A device-wide memory fence for the last-work-group-finishes patterns below. OpenCL 1.2's mem_fence only
-// orders one work-item's own accesses (NVIDIA compiles it to a CTA-scope membar), so on NVIDIA the runtime
-// builds with -DNV_MEMBAR_GL=1 or 2 (the inline-PTX form its compiler took) for a device-scope fence;
-// PoCL's CPU threads are coherent. Other devices do not run these kernels (ops.py uses separate launches).
-#ifndef DEVICE_FENCE
-#if NV_MEMBAR_GL == 1
-#define DEVICE_FENCE() asm volatile("membar.gl;" ::: "memory")
-#elif NV_MEMBAR_GL == 2
-#define DEVICE_FENCE() asm volatile("membar.gl;")
-#else
-#define DEVICE_FENCE() mem_fence(CLK_GLOBAL_MEM_FENCE)
-#endif
-#endif
-
 #ifdef CACHE_HALF
 #define CACHE_T half
 #define LOAD_C(i, p) vload_half((i), (p))

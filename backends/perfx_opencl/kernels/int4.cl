@@ -12,20 +12,6 @@
 // spans two groups.
 // Activation tensor arguments are (pointer, element offset) pairs: views are offsets, not sub-buffers.
 
-// A device-wide memory fence for the last-work-group-finishes patterns below. OpenCL 1.2's mem_fence only
-// orders one work-item's own accesses (NVIDIA compiles it to a CTA-scope membar), so on NVIDIA the runtime
-// builds with -DNV_MEMBAR_GL=1 or 2 (the inline-PTX form its compiler took) for a device-scope fence;
-// PoCL's CPU threads are coherent. Other devices do not run these kernels (ops.py uses separate launches).
-#ifndef DEVICE_FENCE
-#if NV_MEMBAR_GL == 1
-#define DEVICE_FENCE() asm volatile("membar.gl;" ::: "memory")
-#elif NV_MEMBAR_GL == 2
-#define DEVICE_FENCE() asm volatile("membar.gl;")
-#else
-#define DEVICE_FENCE() mem_fence(CLK_GLOBAL_MEM_FENCE)
-#endif
-#endif
-
 #ifndef NT
 #define NT 1  // tokens multiplied per pass over the weights (batched decode: n <= NT)
 #endif
