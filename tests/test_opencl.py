@@ -392,3 +392,97 @@ def test_seeded_sampling_is_the_same_on_numpy_and_opencl(registry, smollm2):
         assert ours.token_ids != greedy.token_ids  # it did sample
     finally:
         model.close()
+
+
+# -- quantized activations (QX): integer dot products ----------------------------------------------------------
+
+
+@pytest.fixture
+def quantized_gemv(monkeypatch):
+    """Every int4 GEMV with QX=1 (on by default only where dp4a is native; PoCL runs the portable dot)."""
+    from perfx_opencl import ops
+
+    monkeypatch.setenv("PERFX_OPENCL_GEMV", "QX=1")
+    ops.gemv_overrides.cache_clear()
+    yield
+    monkeypatch.delenv("PERFX_OPENCL_GEMV")
+    ops.gemv_overrides.cache_clear()
+
+
+def test_quantized_activation_gemv_conforms(registry, quantized_gemv):
+    assert_backend_conforms("opencl", ops=["int4_gemv", "int4_gemm", "gate_up_silu", "linear_add_rmsnorm"])
+
+
+@pytest.mark.parametrize("n, silu, local_bytes", [(1, False, None), (3, True, None), (16, False, 8192)])
+def test_quantized_activation_gemv_matches_float(registry, n, silu, local_bytes):
+    """QX=1 against the dequantized weights in float64, next to QX=0: 16-bit activations keep the error near
+    float rounding, an outlier column included; with little local memory x is staged in slices."""
+    from perfx_opencl import ops
+
+    from perfx_core.synthetic import random_int4
+    from perfx_core.weights import dequantize
+
+    rng = np.random.default_rng(n)
+    m, k = 96, 4096
+    weight = random_int4(2 * m if silu else m, k, 128, rng)
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    x[:, 7] = 60.0
+    want = x.astype(np.float64) @ dequantize(weight).astype(np.float64).T
+    if silu:
+        gate, up = want[:, :m], want[:, m:]
+        want = gate / (1 + np.exp(-gate)) * up
+    rt = registry.open_runtime("opencl")
+    try:
+        if local_bytes:
+            rt.device.details["local_memory_bytes"] = local_bytes
+        w, xs = rt.prepare_weight(weight), rt.from_numpy(x)
+        errors = {}
+        for qx in (0, 1):
+            with ops.forced_gemv_tuning(rt, {**ops.GEMV_TUNING, "RW": 16, "KS": 4, "CR": 2, "QX": qx}):
+                out = rt.empty((n, m))
+                (ops.gate_up_silu if silu else ops.int4_gemm)(rt, xs, w, out)
+                got = rt.to_numpy(out)
+            errors[qx] = float(((got - want) ** 2).sum() / (want**2).sum())
+        assert errors[0] < 1e-10 and errors[1] < 1e-7, errors
+        slices = {dict(key[2]).get("QX_SLICE") for key in rt._kernels if key[1] == "int4_gemv"} - {False}
+        assert slices == ({2} if local_bytes else {k // 32})  # staged in slices only when local memory is short
+    finally:
+        rt.close()
+
+
+@pytest.mark.slow
+def test_smollm2_with_quantized_activations_matches_numpy(registry, smollm2, quantized_gemv):
+    model = perfx_core.load(backend="opencl", context_length=128)
+    try:
+        ours = model.generate(PROMPT, max_tokens=16, temperature=0, ignore_eos=True)
+        ours.run()
+        ref = smollm2.generate(PROMPT, max_tokens=16, temperature=0, ignore_eos=True)
+        ref.run()
+        assert ours.token_ids == ref.token_ids, (ours.text, ref.text)
+        ids = model.tokenizer.encode(PROMPT, add_special=True) + ref.token_ids
+        got, want = model.logits(ids), smollm2.logits(ids)
+        assert float(((got - want) ** 2).sum() / (want**2).sum()) < 1e-4
+    finally:
+        model.close()
+
+
+@pytest.mark.parametrize("tpt", ["4", "8"])
+def test_int4_gemm_tiles_cover_every_token_and_row(registry, monkeypatch, tpt):
+    """n > 16 runs the tiled GEMM: several token tiles, a partial last tile of tokens and of rows, g32."""
+    from perfx_opencl import ops
+
+    from perfx_core.synthetic import random_int4
+    from perfx_core.weights import dequantize
+
+    monkeypatch.setenv("PERFX_OPENCL_GEMM_TPT", tpt)
+    rng = np.random.default_rng(int(tpt))
+    weight = random_int4(300, 256, 32, rng)
+    x = rng.standard_normal((200, 256)).astype(np.float32)
+    want = x.astype(np.float64) @ dequantize(weight).astype(np.float64).T
+    rt = registry.open_runtime("opencl")
+    try:
+        out = rt.empty((200, 300))
+        ops.int4_gemm(rt, rt.from_numpy(x), rt.prepare_weight(weight), out)
+        np.testing.assert_allclose(rt.to_numpy(out), want, rtol=1e-4, atol=1e-3)
+    finally:
+        rt.close()

@@ -24,10 +24,13 @@ OPS = PRIMITIVE_OPS + ("gate_up_silu", "linear_add_rmsnorm", "argmax", "sample")
 
 SMALL_N = 16  # up to this many tokens an int4 matmul uses the GEMV kernel, which reads W once for all of them
 DENSE_SMALL_N = 4  # the dense GEMV re-reads W per token, so it only pays for very small batches
-GEMV_TUNING = {"RW": 32, "KS": 16, "CR": 1, "UC": 2, "XS": 0}  # what `perfx tune` picks most often on an H200
-ADRENO_GEMV_TUNING = {"RW": 64, "KS": 4, "CR": 1, "UC": 1, "XS": 0}  # Adreno waves are 64+ wide
+# The GEMV's shape (docs/opencl.md): RW row lanes x KS k-splits, CR columns per thread, UC chunks in flight,
+# XS shared chunk sums, QX quantized activations with integer dot products (on by default where native).
+GEMV_TUNING = {"RW": 32, "KS": 16, "CR": 1, "UC": 2, "XS": 0, "QX": 0}  # what `perfx tune` picks most on an H200
+ADRENO_GEMV_TUNING = {"RW": 64, "KS": 4, "CR": 1, "UC": 1, "XS": 0, "QX": 0}  # Adreno waves are 64+ wide
+FLAGS = ("XS", "QX")  # the 0/1 entries of a shape
 TILE = 32  # output tile of the dense GEMM kernel (kernels/dense.cl)
-GEMM_TOKENS = 64  # tokens per int4 GEMM work-group (kernels/int4.cl), 4 per thread
+GEMM_ROWS = 128  # weight rows per int4 GEMM work-group (kernels/int4_gemm.cl), 8 per thread
 NORM_WG = 512  # threads per row of the norm kernels (kernels/elementwise.cl): one work-group per row
 ARGMAX_WG = 256  # threads per row of argmax_rows
 ATT_WG = 128  # kernels/attention.cl
@@ -83,7 +86,7 @@ def gemv_overrides() -> dict[str, int]:
     for item in filter(None, os.environ.get("PERFX_OPENCL_GEMV", "").split(",")):
         key, _, value = item.partition("=")
         key = key.strip()
-        if key not in GEMV_TUNING or not value.strip().isdigit() or (int(value) < 1 and key != "XS"):
+        if key not in GEMV_TUNING or not value.strip().isdigit() or (int(value) < 1 and key not in FLAGS):
             raise InvalidArgumentError(
                 f"PERFX_OPENCL_GEMV: {item!r} is not KEY=N with KEY one of {', '.join(GEMV_TUNING)} and N >= 1"
             )
@@ -104,6 +107,7 @@ def gemv_tuning(rt, silu: bool, rows: int, k: int, nt: int) -> dict[str, int]:
     config = tuned.get(tuning.shape_key(silu, rows, k, nt))
     if config is None:
         config = dict(ADRENO_GEMV_TUNING if rt.variant == "adreno" else GEMV_TUNING)
+        config["QX"] = int(rt.native_int_dot)
         if nt > 1:
             config["CR"] = 1  # NT accumulators per column already fill many registers
     return {**config, **gemv_overrides()}
@@ -149,6 +153,21 @@ def _fit_work_group(rt, config: dict[str, int], row_slots: int, nt: int, extra_l
     return config
 
 
+QX_CHUNK_BYTES = 72  # local memory per token and chunk of quantized x: four 16-byte planes, d and the sum
+
+
+def _qx_slice(rt, config: dict[str, int], row_slots: int, nt: int, chunks: int) -> int:
+    """Chunks of quantized x staged in local memory at a time (all of them when they fit, else a multiple of
+    the chunks one pass of the work-group takes), or 0 when not even one fits."""
+    partial_bytes = config["KS"] * config["RW"] * row_slots * nt * 4
+    budget = rt.device.details.get("local_memory_bytes", 32768) - 1024 - partial_bytes
+    fit = budget // (nt * QX_CHUNK_BYTES)
+    if fit >= chunks:
+        return chunks
+    step = config["KS"] * config["UC"]
+    return fit // step * step if fit >= step else max(fit, 0)
+
+
 def _gemv_plan(
     rt, silu: bool, nt: int, rows: int, k: int, x_form: str, add_norm: bool = False
 ) -> tuple[Any, tuple[int, int], tuple[int, int]]:
@@ -158,11 +177,14 @@ def _gemv_plan(
     plan = plans.get(key)
     if plan is None:
         config = gemv_tuning(rt, silu, rows, k, nt)
+        quantized = config.pop("QX", 0) == 1
         # XS=1: chunk sums of x shared in local memory (n = 1 only; the kernel is then built per k).
-        xsum_chunks = k // 32 if config.pop("XS", 0) and nt == 1 else 0
+        xsum_chunks = k // 32 if config.pop("XS", 0) and nt == 1 and not quantized else 0
         if add_norm:  # the last work-group normalises n rows alone: give it at least 256 threads
             config["KS"] = max(config["KS"], 256 // config["RW"])
-        config = _fit_work_group(rt, config, config["CR"] * (2 if silu else 1), nt, 4 * xsum_chunks)
+        row_slots = config["CR"] * (2 if silu else 1)
+        config = _fit_work_group(rt, config, row_slots, nt, 4 * xsum_chunks)
+        qx_slice = _qx_slice(rt, config, row_slots, nt, k // 32) if quantized else 0
         kernel = rt.kernel(
             "int4",
             "int4_gemv",
@@ -172,6 +194,8 @@ def _gemv_plan(
             X_IMAGE=x_form == "image",
             X_UNALIGNED=x_form == "unaligned",
             XSUM_CHUNKS=xsum_chunks or False,
+            QX=qx_slice > 0,
+            QX_SLICE=qx_slice or False,
             **config,
         )
         per_group = config["RW"] * config["CR"]
@@ -214,19 +238,30 @@ def int4_gemv(rt, x, w, out):
     _int4_gemv(rt, x, w, out, 1)
 
 
+def _gemm_tokens_per_thread(rt, n: int, m: int) -> int:
+    """8 (128-token tiles: each weight read from local memory feeds more tokens) when that still makes two
+    work-groups per compute unit, else 4 (64-token tiles, twice the work-groups). PERFX_OPENCL_GEMM_TPT=4|8
+    forces one (experiments)."""
+    forced = os.environ.get("PERFX_OPENCL_GEMM_TPT")
+    if forced is not None:
+        if forced not in ("4", "8"):
+            raise InvalidArgumentError(f"PERFX_OPENCL_GEMM_TPT must be 4 or 8; got {forced!r}")
+        return int(forced)
+    tiles = -(-m // GEMM_ROWS) * -(-n // 128)
+    return 8 if tiles >= 2 * rt.device.details.get("compute_units", 1) else 4
+
+
 def int4_gemm(rt, x, w, out):
     n, m = out.shape
     k = w.shape[1]
     if n <= SMALL_N:
         _int4_gemv(rt, x, w, out, n)
         return
-    # 8 rows per thread reuse each activation more (H200: +8% at n=512) but make too few work-groups at small n.
-    default_rpt = 8 if n >= 256 else 4
-    rows_per_thread = int(os.environ.get("PERFX_OPENCL_GEMM_RPT", default_rpt))
-    kernel = rt.kernel("int4", "int4_gemm", RPT=rows_per_thread)
+    tpt = _gemm_tokens_per_thread(rt, n, m)
+    kernel = rt.kernel("int4_gemm", "int4_gemm", TPT=tpt)
     rt.launch(
         kernel,
-        (_round_up(m, 16 * rows_per_thread) // rows_per_thread, _round_up(n, GEMM_TOKENS) // 4),
+        (_round_up(m, GEMM_ROWS) // 8, _round_up(n, 16 * tpt) // tpt),
         (16, 16),
         w.packed.buffer,
         w.scale.buffer,

@@ -418,6 +418,8 @@ class OpenCLRuntime(Runtime):
             options.append("-DADRENO")
         if self._nv_membar:
             options.append(f"-DNV_MEMBAR_GL={self._nv_membar}")
+        if self.native_int_dot:
+            options.append("-DNV_DP4A")
         program = self.program(file, tuple(options))
         key = (id(program), name)
         kernel = self._state.kernels.get(key)
@@ -441,6 +443,22 @@ class OpenCLRuntime(Runtime):
                 continue
             return form
         return 0
+
+    @functools.cached_property
+    def native_int_dot(self) -> bool:
+        """Whether the device has a 4 x 8-bit integer dot product the kernels can use: NVIDIA's dp4a through
+        inline PTX (the int4 GEMV's quantized-activation path, kernels/int4.cl QX). Probed once per runtime."""
+        if "nvidia" not in self.cl_device.vendor.lower():
+            return False
+        source = (
+            "__kernel void dp4a_probe(__global uint* x) {"
+            ' uint r; asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(r) : "r"(x[0]), "r"(x[1]), "r"(x[2])); x[3] = r; }\n'
+        )
+        try:
+            self.build(source, label="dp4a_probe.cl")
+        except KernelBuildError:
+            return False
+        return True
 
     @functools.cached_property
     def fused_tails(self) -> bool:

@@ -26,21 +26,30 @@ from perfx_core.synthetic import cold_copies, random_int4
 
 from .runtime import KERNEL_DIR
 
-FORMAT = 1
+FORMAT = 2  # 2: shapes carry QX
 SMALL_NS = (1, 2, 4, 8, 16)  # the GEMV kernel's token counts per pass (NT)
 
 
-def candidates(nt: int, quick: bool = False) -> list[dict[str, int]]:
+def candidates(nt: int, quick: bool = False, quantized: bool = False) -> list[dict[str, int]]:
     """Work-group shapes worth timing for NT tokens per pass (with several tokens, at most 2 columns per thread:
-    each needs NT accumulators and its 32 dequantized weights in registers)."""
+    each needs NT accumulators and its 32 dequantized weights in registers); with ``quantized`` (the device
+    has integer dot products) also the quantized-activation kernel (QX=1)."""
     if quick:
-        return [{"RW": 32, "KS": 8, "CR": 1, "UC": 1, "XS": 0}, {"RW": 32, "KS": 4, "CR": 2, "UC": 2, "XS": 1}]
-    if nt == 1:
-        grid = itertools.product((32,), (8, 16, 32), (1, 2, 4), (1, 2), (0, 1))
+        shapes = [(32, 8, 1, 1, 0, 0), (32, 4, 2, 2, 1, 0)] + ([(32, 16, 1, 2, 0, 1)] if quantized else [])
+    elif nt == 1:
+        shapes = [
+            (32, ks, cr, uc, xs, 0) for ks, cr, uc, xs in itertools.product((8, 16, 32), (1, 2, 4), (1, 2), (0, 1))
+        ]
+        if quantized:  # XS does not apply: the quantizing pass computes the chunk sums
+            shapes += [(32, ks, cr, uc, 0, 1) for ks, cr, uc in itertools.product((8, 16, 32), (1, 2, 4), (1, 2))]
     else:
         # Fewer row lanes put several k-splits in one warp: fewer threads share (re-load) each activation.
-        grid = itertools.product((8, 16, 32), (4, 8, 16), (1, 2), (1, 2), (0,))
-    return [{"RW": rw, "KS": ks, "CR": cr, "UC": uc, "XS": xs} for rw, ks, cr, uc, xs in grid]
+        grid = itertools.product((8, 16, 32), (4, 8, 16), (1, 2), (1, 2))
+        shapes = [(rw, ks, cr, uc, 0, 0) for rw, ks, cr, uc in grid]
+        if quantized:
+            grid = itertools.product((16, 32), (4, 8, 16), (1, 2), (1, 2))
+            shapes += [(rw, ks, cr, uc, 0, 1) for rw, ks, cr, uc in grid]
+    return [dict(zip(("RW", "KS", "CR", "UC", "XS", "QX"), shape, strict=True)) for shape in shapes]
 
 
 def shape_key(silu: bool, rows: int, k: int, nt: int) -> str:
@@ -82,7 +91,7 @@ def load(rt) -> dict[str, dict[str, int]]:
 
 def _valid(config: Any) -> bool:
     """A shape the kernels can run (a hand-edited or corrupt file must not hang or crash a launch)."""
-    if not isinstance(config, dict) or set(config) != {"RW", "KS", "CR", "UC", "XS"}:
+    if not isinstance(config, dict) or set(config) != {"RW", "KS", "CR", "UC", "XS", "QX"}:
         return False
     if not all(type(v) is int for v in config.values()):
         return False
@@ -92,6 +101,7 @@ def _valid(config: Any) -> bool:
         and 1 <= config["CR"] <= 8
         and 1 <= config["UC"] <= 8
         and config["XS"] in (0, 1)
+        and config["QX"] in (0, 1)
     )
 
 
@@ -163,7 +173,7 @@ def tune_gemv(
 
             key = shape_key(silu, cols, k, 1 << max(0, (n - 1).bit_length()))  # per NT, as the kernels are built
             timings = []
-            for config in candidates(n, quick):
+            for config in candidates(n, quick, rt.native_int_dot):
                 try:
                     with ops.forced_gemv_tuning(rt, config), rt.profiling():
                         seconds = device_seconds(rt, call)

@@ -90,6 +90,90 @@ inline void dequantize_chunk(uint4 w, float s, float b, float4* wv) {
     wv[6] = lo_codes(w.s3) * lo_s + b, wv[7] = hi_codes(w.s3) * hi_s + b;
 }
 
+#ifdef QX
+// Quantized activations (QX, with integer dot products): each 32-column chunk of x becomes 16-bit integers
+// q = round(x / d), d = max|x| / 32767, split into a signed high byte and an unsigned low byte (q = 256 h + l),
+// so a chunk's dot with the 4-bit codes is 256 * dot(codes, h) + dot(codes, l): 16 byte-wise dot products
+// of 4 lanes each (NVIDIA's dp4a) instead of 32 float conversions and multiply-adds. 16 bits keep the logits
+// of SmolLM2 within 2e-8 NMSE of float activations; 8 bits alone (llama.cpp's Q8_1) were 7e-4 there.
+// Byte order matches the codes: w & 0x0F0F0F0F holds columns 8j+0,2,4,6 of word j, (w >> 4) & .. 8j+1,3,5,7,
+// so a chunk's planes are uint4s: [0] high bytes of the even columns (word j in lane j), [1] odd, [2]/[3] low.
+#ifdef NV_DP4A
+inline int dot_us(uint a, uint b, int c) {  // c + sum of unsigned bytes of a times signed bytes of b
+    int r;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+inline uint dot_uu(uint a, uint b, uint c) {  // c + sum of unsigned bytes of a times unsigned bytes of b
+    uint r;
+    asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+#else
+// Portable versions (PoCL in CI, other devices when forced): the same integers, slower.
+inline int dot_us(uint a, uint b, int c) {
+    const uchar4 ua = as_uchar4(a);
+    const char4 sb = as_char4(b);
+    return c + (int)ua.x * sb.x + (int)ua.y * sb.y + (int)ua.z * sb.z + (int)ua.w * sb.w;
+}
+inline uint dot_uu(uint a, uint b, uint c) {
+    const uchar4 ua = as_uchar4(a), ub = as_uchar4(b);
+    return c + (uint)ua.x * ub.x + (uint)ua.y * ub.y + (uint)ua.z * ub.z + (uint)ua.w * ub.w;
+}
+#endif
+
+inline uint pack_bytes(int a, int b, int c, int d) {
+    return (uint)(a & 0xFF) | ((uint)(b & 0xFF) << 8) | ((uint)(c & 0xFF) << 16) | ((uint)(d & 0xFF) << 24);
+}
+
+// Chunk c of token t (t < 0: a padding token, all zero) into its four planes at xq; returns (d, sum of x).
+inline float2 quantize_chunk(X_ARG, int x_off, int t, int k, int c, __local uint4* xq) {
+    float4 xv[8];
+    float4 amax = (float4)(0.0f), sum = (float4)(0.0f);
+    const int base = x_off + max(t, 0) * k + (c << 5);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        xv[i] = t < 0 ? (float4)(0.0f) : LOAD_X4(base + 4 * i);
+        amax = fmax(amax, fabs(xv[i]));
+        sum += xv[i];
+    }
+    const float m = fmax(fmax(amax.x, amax.y), fmax(amax.z, amax.w));
+    const float inv = m > 0.0f ? 32767.0f / m : 0.0f;
+    int h[32], l[32];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int4 q = clamp(convert_int4_rte(xv[i] * inv), -32767, 32767);
+        const int4 lo = q & 0xFF;
+        const int4 hi = (q - lo) / 256;  // exact: floor(q / 256) without relying on >> of negatives
+        l[4 * i] = lo.x, l[4 * i + 1] = lo.y, l[4 * i + 2] = lo.z, l[4 * i + 3] = lo.w;
+        h[4 * i] = hi.x, h[4 * i + 1] = hi.y, h[4 * i + 2] = hi.z, h[4 * i + 3] = hi.w;
+    }
+    uint4 he, ho, le, lo;
+#define QX_WORD(j, lane)                                                                                   \
+    he.lane = pack_bytes(h[8 * j], h[8 * j + 2], h[8 * j + 4], h[8 * j + 6]);                              \
+    ho.lane = pack_bytes(h[8 * j + 1], h[8 * j + 3], h[8 * j + 5], h[8 * j + 7]);                          \
+    le.lane = pack_bytes(l[8 * j], l[8 * j + 2], l[8 * j + 4], l[8 * j + 6]);                              \
+    lo.lane = pack_bytes(l[8 * j + 1], l[8 * j + 3], l[8 * j + 5], l[8 * j + 7]);
+    QX_WORD(0, x) QX_WORD(1, y) QX_WORD(2, z) QX_WORD(3, w)
+#undef QX_WORD
+    xq[0] = he, xq[1] = ho, xq[2] = le, xq[3] = lo;
+    return (float2)(m / 32767.0f, dot(sum, (float4)(1.0f)));
+}
+
+// The integer dot of a chunk's codes (lo = w & 0x0F0F0F0F, hi = (w >> 4) & 0x0F0F0F0F) with its planes.
+inline int chunk_idot(uint4 lo, uint4 hi, __local const uint4* xq) {
+    const uint4 he = xq[0], ho = xq[1], le = xq[2], lw = xq[3];
+    int h = dot_us(lo.x, he.x, 0);
+    h = dot_us(hi.x, ho.x, h), h = dot_us(lo.y, he.y, h), h = dot_us(hi.y, ho.y, h);
+    h = dot_us(lo.z, he.z, h), h = dot_us(hi.z, ho.z, h), h = dot_us(lo.w, he.w, h), h = dot_us(hi.w, ho.w, h);
+    // Adding the low bytes' products to h << 8 in unsigned arithmetic gives the same bits as signed.
+    uint v = dot_uu(lo.x, le.x, (uint)h << 8);
+    v = dot_uu(hi.x, lw.x, v), v = dot_uu(lo.y, le.y, v), v = dot_uu(hi.y, lw.y, v);
+    v = dot_uu(lo.z, le.z, v), v = dot_uu(hi.z, lw.z, v), v = dot_uu(lo.w, le.w, v), v = dot_uu(hi.w, lw.w, v);
+    return (int)v;  // |value| < 2^24: exact as a float
+}
+#endif
+
 // Weight row of the thread's row slot r. Plain GEMV: rows row0 + r*RW. SILU: slots 0..CR-1 are gate rows
 // (row0 + r*RW) and slots CR.. the matching up rows (half + row0 + (r - CR)*RW).
 #ifdef SILU
@@ -172,63 +256,97 @@ __kernel __attribute__((reqd_work_group_size(RW, KS, 1))) void int4_gemv(
 #pragma unroll
         for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
 
-    for (int c0 = split; c0 < chunks; c0 += UC * KS) {
-        // Issue every load of the UC chunks x RR rows before using any of them.
-        uint4 w[UC][RR];
-        float s[UC][RR], b[UC][RR];
-#pragma unroll
-        for (int u = 0; u < UC; ++u) {
-            const int c = c0 + u * KS;
-#pragma unroll
-            for (int r = 0; r < RR; ++r) {
-                const int row = SLOT_ROW(row0, r, cols);
-                const bool live = c < chunks && SLOT_COL(row0, r) < cols;
-                const size_t g = (size_t)((c << 5) >> group_shift) * m + row;
-                w[u][r] = live ? packed[(size_t)c * m + row] : (uint4)(0u);
-                s[u][r] = live ? vload_half(g, scale) : 0.0f;
-                b[u][r] = live ? bias[g] : 0.0f;
-            }
+#ifdef QX
+    // x quantized into local memory one slice of QX_SLICE chunks (all tokens) at a time, by all threads.
+    __local uint4 xq[NT * QX_SLICE * 4];
+    __local float2 xd[NT * QX_SLICE];  // (d, sum of x) per token and chunk
+    for (int s0 = 0; s0 < chunks; s0 += QX_SLICE) {
+        const int end = min(chunks, s0 + QX_SLICE);
+        barrier(CLK_LOCAL_MEM_FENCE);  // the previous slice is used up
+        for (int e = split * RW + lr; e < NT * QX_SLICE; e += RW * KS) {
+            const int t = e / QX_SLICE, c = s0 + e % QX_SLICE;
+            if (c < end) xd[e] = quantize_chunk(x, x_off, t < n ? t : -1, k, c, xq + 4 * e);
         }
-#pragma unroll
-        for (int u = 0; u < UC; ++u) {
-            const int c = c0 + u * KS;
-            if (c >= chunks) break;
-#if NT == 1
-            // One token: s * dot(q, x) + b * sum(x), the sum shared by the RR rows.
-            float4 xv[8];
-#ifdef XSUM_CHUNKS
-            const int base = x_off + (c << 5);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) xv[i] = LOAD_X4(base + 4 * i);
-            const float xsum = xsums[c];
+        barrier(CLK_LOCAL_MEM_FENCE);
 #else
-            const float xsum = load_chunk_x(x, x_off, 0, k, c, xv);
+    {
+        const int s0 = 0, end = chunks;
 #endif
+        for (int c0 = s0 + split; c0 < end; c0 += UC * KS) {
+            // Issue every load of the UC chunks x RR rows before using any of them.
+            uint4 w[UC][RR];
+            float s[UC][RR], b[UC][RR];
 #pragma unroll
-            for (int r = 0; r < RR; ++r) acc[r][0] += s[u][r] * chunk_dot(w[u][r], xv) + b[u][r] * xsum;
-#else
-            // Several tokens: dequantize the RR chunks once (q * s + b), then per token load its activations
-            // once for all RR rows: one multiply-add per weight and token.
-            float4 wv[RR][8];
+            for (int u = 0; u < UC; ++u) {
+                const int c = c0 + u * KS;
 #pragma unroll
-            for (int r = 0; r < RR; ++r) dequantize_chunk(w[u][r], s[u][r], b[u][r], wv[r]);
-#pragma unroll
-            for (int t = 0; t < NT; ++t) {
-                if (t < n) {
-                    const int base = x_off + t * k + (c << 5);
-                    float4 xv[8];
-#pragma unroll
-                    for (int i = 0; i < 8; ++i) xv[i] = LOAD_X4(base + 4 * i);
-#pragma unroll
-                    for (int r = 0; r < RR; ++r) {
-                        float4 sum = (float4)(0.0f);
-#pragma unroll
-                        for (int i = 0; i < 8; ++i) sum += wv[r][i] * xv[i];
-                        acc[r][t] += dot(sum, (float4)(1.0f));
-                    }
+                for (int r = 0; r < RR; ++r) {
+                    const int row = SLOT_ROW(row0, r, cols);
+                    const bool live = c < end && SLOT_COL(row0, r) < cols;
+                    const size_t g = (size_t)((c << 5) >> group_shift) * m + row;
+                    w[u][r] = live ? packed[(size_t)c * m + row] : (uint4)(0u);
+                    s[u][r] = live ? vload_half(g, scale) : 0.0f;
+                    b[u][r] = live ? bias[g] : 0.0f;
                 }
             }
+#pragma unroll
+            for (int u = 0; u < UC; ++u) {
+                const int c = c0 + u * KS;
+                if (c >= end) break;
+#ifdef QX
+                // Codes split into even and odd columns once, then per token: 16 dp4a + one scale.
+                uint4 lo[RR], hi[RR];
+#pragma unroll
+                for (int r = 0; r < RR; ++r) lo[r] = w[u][r] & 0x0F0F0F0Fu, hi[r] = (w[u][r] >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+                for (int t = 0; t < NT; ++t) {
+                    if (t < n) {
+                        const int e = t * QX_SLICE + c - s0;
+                        const float2 dq = xd[e];
+#pragma unroll
+                        for (int r = 0; r < RR; ++r) {
+                            const float dot_x = dq.x * (float)chunk_idot(lo[r], hi[r], xq + 4 * e);
+                            acc[r][t] += s[u][r] * dot_x + b[u][r] * dq.y;
+                        }
+                    }
+                }
+#elif NT == 1
+                // One token: s * dot(q, x) + b * sum(x), the sum shared by the RR rows.
+                float4 xv[8];
+#ifdef XSUM_CHUNKS
+                const int base = x_off + (c << 5);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) xv[i] = LOAD_X4(base + 4 * i);
+                const float xsum = xsums[c];
+#else
+                const float xsum = load_chunk_x(x, x_off, 0, k, c, xv);
 #endif
+#pragma unroll
+                for (int r = 0; r < RR; ++r) acc[r][0] += s[u][r] * chunk_dot(w[u][r], xv) + b[u][r] * xsum;
+#else
+                // Several tokens: dequantize the RR chunks once (q * s + b), then per token load its activations
+                // once for all RR rows: one multiply-add per weight and token.
+                float4 wv[RR][8];
+#pragma unroll
+                for (int r = 0; r < RR; ++r) dequantize_chunk(w[u][r], s[u][r], b[u][r], wv[r]);
+#pragma unroll
+                for (int t = 0; t < NT; ++t) {
+                    if (t < n) {
+                        const int base = x_off + t * k + (c << 5);
+                        float4 xv[8];
+#pragma unroll
+                        for (int i = 0; i < 8; ++i) xv[i] = LOAD_X4(base + 4 * i);
+#pragma unroll
+                        for (int r = 0; r < RR; ++r) {
+                            float4 sum = (float4)(0.0f);
+#pragma unroll
+                            for (int i = 0; i < 8; ++i) sum += wv[r][i] * xv[i];
+                            acc[r][t] += dot(sum, (float4)(1.0f));
+                        }
+                    }
+                }
+#endif
+            }
         }
     }
 
@@ -263,62 +381,6 @@ __kernel __attribute__((reqd_work_group_size(RW, KS, 1))) void int4_gemv(
                      &partial[0][0][0], tid, RW * KS);
     if (tid == 0) counter[counter_off] = 0;
 #endif
-}
-
-// Tiled int4 GEMM for prefill: a 16x16 work-group computes a 64 (tokens) x TR (rows) block of out, 4 x RPT
-// per thread (TR = 16 * RPT), so each value read from local memory feeds several multiply-adds. Each k step
-// stages one chunk (32 columns) of x and of the dequantized weights in local memory.
-// Global size (m / RPT, n / 4) rounded up to whole work-groups.
-#ifndef RPT
-#define RPT 4  // rows per thread
-#endif
-#define TT 64  // tokens per work-group
-#define TR (16 * RPT)  // rows per work-group
-#define KT 32
-__kernel __attribute__((reqd_work_group_size(16, 16, 1))) void int4_gemm(
-    __global const uint* packed, __global const half* scale, __global const float* bias, __global const float* x,
-    int x_off, __global float* out, int out_off, int n, int m, int k, int group_shift) {
-    __local float xs[TT][KT + 1];  // [token][kk], +1 against bank conflicts
-    __local float ws[TR][KT + 1];  // [row][kk]
-    const int tx = get_local_id(0), ty = get_local_id(1), tid = ty * 16 + tx;
-    const int row0 = get_group_id(0) * TR, token0 = get_group_id(1) * TT;
-    float acc[4][RPT];
-    for (int j = 0; j < 4; ++j)
-        for (int i = 0; i < RPT; ++i) acc[j][i] = 0.0f;
-    for (int k0 = 0; k0 < k; k0 += KT) {
-        for (int e = tid; e < TT * KT; e += 256) {
-            const int t = e / KT, kk = e % KT, token = token0 + t;
-            xs[t][kk] = token < n ? x[x_off + token * k + k0 + kk] : 0.0f;
-        }
-        // TR rows x 4 words of the chunk: consecutive threads read consecutive words (8 codes each).
-        for (int e = tid; e < TR * 4; e += 256) {
-            const int r = e >> 2, word = e & 3, row = row0 + r;
-            if (row < m) {
-                const uint w = packed[((size_t)(k0 >> 5) * m + row) * 4 + word];
-                const size_t g = (size_t)(k0 >> group_shift) * m + row;
-                const float s = vload_half(g, scale), b = bias[g];
-                for (int j = 0; j < 8; ++j) ws[r][word * 8 + j] = (float)((w >> (4 * j)) & 15u) * s + b;
-            } else {
-                for (int j = 0; j < 8; ++j) ws[r][word * 8 + j] = 0.0f;
-            }
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (int kk = 0; kk < KT; ++kk) {
-            float a[4], b[RPT];
-            for (int j = 0; j < 4; ++j) a[j] = xs[ty + 16 * j][kk];
-            for (int i = 0; i < RPT; ++i) b[i] = ws[tx + 16 * i][kk];
-            for (int j = 0; j < 4; ++j)
-                for (int i = 0; i < RPT; ++i) acc[j][i] += a[j] * b[i];
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    for (int j = 0; j < 4; ++j) {
-        const int t = token0 + ty + 16 * j;
-        for (int i = 0; i < RPT; ++i) {
-            const int r = row0 + tx + 16 * i;
-            if (t < n && r < m) out[out_off + t * m + r] = acc[j][i];
-        }
-    }
 }
 
 // Rows ids[i] of an int4 table (vocab, d) in the chunk-major layout, dequantized: global size (d, n).
