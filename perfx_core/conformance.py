@@ -560,6 +560,7 @@ def _cases(op: str) -> list[tuple[str, float, Body]]:
             _matmul_case(op, 64, ("int4", 4097, 128, 128, "rtn")),
             _matmul_case(op, 17, ("int4", 129, 384, 32, "random")),
             _matmul_case(op, 64, ("int4", 1536, 576, 64, "random")),
+            _matmul_case(op, 200, ("int4", 300, 256, 32, "random")),  # past 64 tokens: tiled GEMMs
         ]
     if op == "dense_gemm":
         return [
@@ -584,6 +585,7 @@ def _cases(op: str) -> list[tuple[str, float, Body]]:
             _matmul_case(op, 1, ("int4", 258, 128, 64, "rtn")),
             _matmul_case(op, 5, ("int4", 128, 192, 32, "random")),
             _matmul_case(op, 17, ("dense", 128, 96, "float16")),
+            _matmul_case(op, 40, ("int4", 130, 128, 32, "rtn")),
         ]
     if op == "argmax":
         return [

@@ -34,6 +34,7 @@ ADRENO_GEMV_TUNING = {"RW": 64, "KS": 4, "CR": 1, "UC": 1, "XS": 0, "QX": 0}  # 
 FLAGS = ("XS", "QX")  # the 0/1 entries of a shape
 TILE = 32  # output tile of the dense GEMM kernel (kernels/dense.cl)
 GEMM_ROWS = 128  # weight rows per int4 GEMM work-group (kernels/int4_gemm.cl), 8 per thread
+GEMM_TPT8_LOCAL_BYTES = 32 * 128 * 4 * 2  # its local copies of a chunk at 128 tokens: 32 x (128 rows + 128 tokens)
 NORM_WG = 512  # threads per row of the norm kernels (kernels/elementwise.cl): one work-group per row
 ARGMAX_WG = 256  # threads per row of argmax_rows
 ATT_WG = 128  # kernels/attention.cl
@@ -91,7 +92,8 @@ def gemv_overrides() -> dict[str, int]:
         key = key.strip()
         if key not in GEMV_TUNING or not value.strip().isdigit() or (int(value) < 1 and key not in FLAGS):
             raise InvalidArgumentError(
-                f"PERFX_OPENCL_GEMV: {item!r} is not KEY=N with KEY one of {', '.join(GEMV_TUNING)} and N >= 1"
+                f"PERFX_OPENCL_GEMV: {item!r} is not KEY=N with KEY one of {', '.join(GEMV_TUNING)} and N >= 1 "
+                f"(0 or 1 for {' and '.join(FLAGS)})"
             )
         overrides[key] = int(value)
     return overrides
@@ -160,8 +162,8 @@ QX_CHUNK_BYTES = 72  # local memory per token and chunk of quantized x: four 16-
 
 
 def _qx_slice(rt, config: dict[str, int], row_slots: int, nt: int, chunks: int) -> int:
-    """Chunks of quantized x staged in local memory at a time (all of them when they fit, else a multiple of
-    the chunks one pass of the work-group takes), or 0 when not even one fits."""
+    """Chunks of quantized x staged in local memory at a time: all of them when they fit, else the largest
+    multiple of the chunks one pass of the work-group takes (KS x UC), else as many as fit; 0 when none does."""
     partial_bytes = config["KS"] * config["RW"] * row_slots * nt * 4
     budget = rt.device.details.get("local_memory_bytes", 32768) - 1024 - partial_bytes
     fit = budget // (nt * QX_CHUNK_BYTES)
@@ -260,6 +262,8 @@ def _gemm_tokens_per_thread(rt, n: int, m: int) -> int:
         if forced not in ("4", "8"):
             raise InvalidArgumentError(f"PERFX_OPENCL_GEMM_TPT must be 4 or 8; got {forced!r}")
         return int(forced)
+    if rt.device.details.get("local_memory_bytes", 32768) < GEMM_TPT8_LOCAL_BYTES + 1024:
+        return 4  # 128-token tiles need 32 KB of local memory: the whole of it on many mobile GPUs
     tiles = -(-m // GEMM_ROWS) * -(-n // 128)
     return 8 if tiles >= 2 * rt.device.details.get("compute_units", 1) else 4
 

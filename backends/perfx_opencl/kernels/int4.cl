@@ -170,7 +170,7 @@ inline int chunk_idot(uint4 lo, uint4 hi, __local const uint4* xq) {
     uint v = dot_uu(lo.x, le.x, (uint)h << 8);
     v = dot_uu(hi.x, lw.x, v), v = dot_uu(lo.y, le.y, v), v = dot_uu(hi.y, lw.y, v);
     v = dot_uu(lo.z, le.z, v), v = dot_uu(hi.z, lw.z, v), v = dot_uu(lo.w, le.w, v), v = dot_uu(hi.w, lw.w, v);
-    return (int)v;  // |value| < 2^24: exact as a float
+    return as_int(v);  // |value| < 2^24: exact as a float
 }
 #endif
 
