@@ -136,17 +136,27 @@ def forced_gemv_tuning(rt, config: dict[str, int]) -> Iterator[None]:
         clear_plans(rt)
 
 
+def _local_bytes(rt) -> int:
+    """Local memory a kernel's arrays may take on ``rt``'s device (1 KB kept for the compiler's own use)."""
+    return rt.device.details.get("local_memory_bytes", 32768) - 1024
+
+
+def _partial_bytes(config: dict[str, int], row_slots: int, nt: int) -> int:
+    """The GEMV's local partial sums: KS x RW x row slots x NT floats."""
+    return config["KS"] * config["RW"] * row_slots * nt * 4
+
+
 def _fit_work_group(rt, config: dict[str, int], row_slots: int, nt: int, extra_local: int) -> dict[str, int]:
-    """Shrink the shape (KS, then RW, then CR) until the work-group and its local partial sums (KS x RW x row
-    slots x NT floats, plus ``extra_local`` bytes) fit the device."""
+    """Shrink the shape (KS, then RW, then CR) until the work-group and its local partial sums, plus
+    ``extra_local`` bytes, fit the device."""
     config = dict(config)
-    local_budget = rt.device.details.get("local_memory_bytes", 32768) - 1024 - extra_local
+    local_budget = _local_bytes(rt) - extra_local
     max_group = rt.device.details.get("max_work_group_size", 256)
     silu_factor = row_slots // config["CR"]
 
     def fits() -> bool:
         slots = config["CR"] * silu_factor
-        return config["KS"] * config["RW"] * slots * nt * 4 <= local_budget and config["KS"] * config["RW"] <= max_group
+        return _partial_bytes(config, slots, nt) <= local_budget and config["KS"] * config["RW"] <= max_group
 
     for key in ("KS", "RW"):
         while not fits() and config[key] > 1:
@@ -164,9 +174,7 @@ QX_CHUNK_BYTES = 72  # local memory per token and chunk of quantized x: four 16-
 def _qx_slice(rt, config: dict[str, int], row_slots: int, nt: int, chunks: int) -> int:
     """Chunks of quantized x staged in local memory at a time: all of them when they fit, else the largest
     multiple of the chunks one pass of the work-group takes (KS x UC), else as many as fit; 0 when none does."""
-    partial_bytes = config["KS"] * config["RW"] * row_slots * nt * 4
-    budget = rt.device.details.get("local_memory_bytes", 32768) - 1024 - partial_bytes
-    fit = budget // (nt * QX_CHUNK_BYTES)
+    fit = (_local_bytes(rt) - _partial_bytes(config, row_slots, nt)) // (nt * QX_CHUNK_BYTES)
     if fit >= chunks:
         return chunks
     step = config["KS"] * config["UC"]
@@ -262,7 +270,7 @@ def _gemm_tokens_per_thread(rt, n: int, m: int) -> int:
         if forced not in ("4", "8"):
             raise InvalidArgumentError(f"PERFX_OPENCL_GEMM_TPT must be 4 or 8; got {forced!r}")
         return int(forced)
-    if rt.device.details.get("local_memory_bytes", 32768) < GEMM_TPT8_LOCAL_BYTES + 1024:
+    if _local_bytes(rt) < GEMM_TPT8_LOCAL_BYTES:
         return 4  # 128-token tiles need 32 KB of local memory: the whole of it on many mobile GPUs
     tiles = -(-m // GEMM_ROWS) * -(-n // 128)
     return 8 if tiles >= 2 * rt.device.details.get("compute_units", 1) else 4

@@ -433,29 +433,25 @@ class OpenCLRuntime(Runtime):
         """NVIDIA's compiler takes inline PTX: a device-scope fence (membar.gl) for the kernels where the last
         work-group reads what the others wrote (kernels/int4.cl, attention.cl). Probed once per runtime: the
         form that builds (1: with a memory clobber, 2: without), or 0."""
-        if "nvidia" not in self.cl_device.vendor.lower():
-            return 0
         for form, statement in ((1, 'asm volatile("membar.gl;" ::: "memory");'), (2, 'asm volatile("membar.gl;");')):
-            source = f"__kernel void membar_probe(__global int* x) {{ x[0] = 1; {statement} }}\n"
-            try:
-                self.build(source, label="membar_probe.cl")
-            except KernelBuildError:
-                continue
-            return form
+            if self._nvidia_compiles("membar_probe", f"x[0] = 1; {statement}"):
+                return form
         return 0
 
     @functools.cached_property
     def native_int_dot(self) -> bool:
         """Whether the device has a 4 x 8-bit integer dot product the kernels can use: NVIDIA's dp4a through
         inline PTX (the int4 GEMV's quantized-activation path, kernels/int4.cl QX). Probed once per runtime."""
+        dp4a = 'uint r; asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(r) : "r"(x[0]), "r"(x[1]), "r"(x[2])); x[3] = r;'
+        return self._nvidia_compiles("dp4a_probe", dp4a)
+
+    def _nvidia_compiles(self, name: str, body: str) -> bool:
+        """Whether this is an NVIDIA device whose compiler builds a kernel ``name`` with ``body`` (inline PTX)
+        over ``__global uint* x``."""
         if "nvidia" not in self.cl_device.vendor.lower():
             return False
-        source = (
-            "__kernel void dp4a_probe(__global uint* x) {"
-            ' uint r; asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(r) : "r"(x[0]), "r"(x[1]), "r"(x[2])); x[3] = r; }\n'
-        )
         try:
-            self.build(source, label="dp4a_probe.cl")
+            self.build(f"__kernel void {name}(__global uint* x) {{ {body} }}\n", label=f"{name}.cl")
         except KernelBuildError:
             return False
         return True

@@ -37,11 +37,10 @@ def candidates(nt: int, quick: bool = False, quantized: bool = False) -> list[di
     if quick:
         shapes = [(32, 8, 1, 1, 0, 0), (32, 4, 2, 2, 1, 0)] + ([(32, 16, 1, 2, 0, 1)] if quantized else [])
     elif nt == 1:
-        shapes = [
-            (32, ks, cr, uc, xs, 0) for ks, cr, uc, xs in itertools.product((8, 16, 32), (1, 2, 4), (1, 2), (0, 1))
-        ]
+        grid = list(itertools.product((8, 16, 32), (1, 2, 4), (1, 2)))
+        shapes = [(32, ks, cr, uc, xs, 0) for ks, cr, uc in grid for xs in (0, 1)]
         if quantized:  # XS does not apply: the quantizing pass computes the chunk sums
-            shapes += [(32, ks, cr, uc, 0, 1) for ks, cr, uc in itertools.product((8, 16, 32), (1, 2, 4), (1, 2))]
+            shapes += [(32, ks, cr, uc, 0, 1) for ks, cr, uc in grid]
     else:
         # Fewer row lanes put several k-splits in one warp: fewer threads share (re-load) each activation.
         grid = itertools.product((8, 16, 32), (4, 8, 16), (1, 2), (1, 2))
