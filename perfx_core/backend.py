@@ -171,8 +171,9 @@ class Runtime(ABC):
 
     # -- launch graphs (optional: asynchronous backends whose per-op host work matters) -----------------
     def graph_signature(self, positions: np.ndarray) -> Hashable | None:
-        """What, besides the batch size, decides the kernels a decode step at ``positions`` queues; None when
-        this runtime does not capture graphs (then every step runs its ops, the default)."""
+        """What, besides the number of rows, decides the kernels a step (decode, or a prefill chunk whose last
+        position is max(positions)) queues; None when this runtime does not capture graphs (then every step
+        runs its ops, the default)."""
         return None
 
     def begin_capture(self, inputs: tuple[str, ...]) -> None:

@@ -638,6 +638,9 @@ def _cases(op: str) -> list[tuple[str, float, Body]]:
             _attention_case(op, (6, 2, 64), "float32", [3], [33], t_len=64),
             _attention_case(op, (4, 1, 128), "float16", [0], [0], t_len=64),
             _attention_case(op, (8, 2, 64), "float32", [2], [90], t_len=1),
+            # tiled kernels: several row blocks and key tiles, a partial last block, odd and wide heads
+            _attention_case(op, (4, 2, 96), "float16", [1], [20], t_len=37),
+            _attention_case(op, (2, 1, 256), "float32", [0], [5], t_len=19),
         ]
     raise InvalidArgumentError(f"no conformance cases for op {op!r}")
 

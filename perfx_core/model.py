@@ -30,7 +30,11 @@ class DeviceLayer:
     w_down: Any  # (dim, ffn_dim)
 
 
-MAX_GRAPHS = 256  # recorded decode steps kept (batch sizes x attention signatures)
+MAX_GRAPHS = 512  # recorded steps kept (decode batch sizes x picks and prefill lengths, x attention signatures)
+# Recorded prefill chunks are padded to a multiple of this many tokens, so prompts of nearby lengths replay
+# one graph (a chunk recorded once per length would rarely be replayed). The padding rows are harmless:
+# rows never see later positions, and the cache positions they fill are written again before being read.
+PREFILL_GRAPH_ROUNDING = 16
 
 
 class LlamaModel:
@@ -63,7 +67,8 @@ class LlamaModel:
         )
         self.cache = runtime.new_kv_cache(self.cache_spec)
         self._allocate_buffers(max(prefill_chunk, n_slots))
-        self._graphs: dict[Any, Any] = {}  # recorded decode steps by (batch size, signature, argmax on device)
+        # Recorded steps: decode by (batch size, signature, pick on device), prefill by ("prefill", length, signature).
+        self._graphs: dict[Any, Any] = {}
 
     def _upload_weights(self, weights: LlamaWeights) -> None:
         rt = self.rt
@@ -135,20 +140,44 @@ class LlamaModel:
             raise InvalidArgumentError("prefill needs at least one token")
         if start < 0 or start + len(ids) > self.max_seq_len:
             raise ContextLengthError(start + len(ids), 0, self.max_seq_len)
-        ops, rows = self.rt.ops, []
+        rows = []
         for offset in range(0, len(ids), self.prefill_chunk):
             chunk = ids[offset : offset + self.prefill_chunk]
-            pos = start + offset
-
-            def attend(qkv: Any, layer: int, out: Any, pos: int = pos) -> None:
-                ops.attention_prefill(qkv, self.cache, layer, slot, pos, self.rope, self.attention, out)
-
-            h = self._forward(chunk, attend)
+            h = self._queue_prefill_chunk(chunk, slot, start + offset, recorded=not all_logits)
             if all_logits:
                 rows.append(self._all_logits(h, len(chunk)))
         if all_logits:
             return np.concatenate(rows)
         return self._logits(self._rows("h", len(chunk) - 1, 1), 1)[0]
+
+    def _queue_prefill_chunk(self, chunk: np.ndarray, slot: int, pos: int, recorded: bool) -> Any:
+        """Queue the forward of one prompt chunk at positions pos.. of ``slot``; returns its hidden rows. On a
+        runtime that captures graphs (and with ``recorded``) the chunk is padded (PREFILL_GRAPH_ROUNDING) and
+        replayed from a recording, as decode steps are: a prompt then costs one enqueue per kernel instead of
+        the ops' Python work, which is most of a short prompt's time on a fast GPU."""
+        rt, ops, n = self.rt, self.rt.ops, len(chunk)
+        signature = None
+        if recorded and ops.profile is None:
+            padded = min(
+                -(-n // PREFILL_GRAPH_ROUNDING) * PREFILL_GRAPH_ROUNDING, self.max_tokens, self.max_seq_len - pos
+            )
+            signature = rt.graph_signature(np.array([pos + padded - 1], dtype=np.int32))
+        if signature is not None and padded > n:
+            chunk = np.concatenate([chunk, np.zeros(padded - n, dtype=chunk.dtype)])  # token 0: any valid id
+        t = len(chunk)
+
+        def queue_step() -> None:
+            def attend(qkv: Any, layer: int, out: Any) -> None:
+                ops.attention_prefill(qkv, self.cache, layer, slot, pos, self.rope, self.attention, out)
+
+            self._forward(chunk, attend)
+
+        key = None if signature is None else ("prefill", t, signature)
+        positions = np.arange(pos, pos + t, dtype=np.int32)
+        self._queue_recorded(
+            key, {"ids": chunk, "slots": np.full(t, slot, np.int32), "positions": positions}, queue_step
+        )
+        return self._rows("h", 0, n)
 
     def _all_logits(self, h: Any, n: int) -> np.ndarray:
         out = self.rt.scratch("all_logits", (n, self.config.vocab_size))
@@ -244,23 +273,31 @@ class LlamaModel:
             self._graphs[key] = graph
 
     def warm_up(self) -> None:
-        """Run the kernel variants a server uses once, so compiling them happens now, not in the middle of
-        serving requests (an OpenCL build takes ~0.3 s): prefills of a full chunk and of 2, 3, 5, 9 and 17
-        tokens (one per token-count class of the matmul kernels), decode at each power-of-two batch up to
-        n_slots, and decode picking its token (argmax, sample). The slots' cache contents are garbage
+        """Run the kernel variants a server uses once, so compiling them (an OpenCL build takes ~0.3 s) and
+        recording their graphs happen now, not in the middle of serving requests: prefills of a full chunk and
+        of 2, 3, 5, 9 and 17 tokens (one per token-count class of the matmul kernels), then decode at every
+        batch size up to 32 and at powers of two beyond, up to n_slots, at a position of each graph signature
+        the context can reach, each picking its tokens the three ways a server asks for (logits back, argmax,
+        sampling): every such triple is its own recorded step. The slots' cache contents are garbage
         afterwards, which is harmless: a sequence writes every position before it attends to it."""
         chunk = min(self.prefill_chunk, self.max_seq_len)
         for length in sorted({chunk, *(n for n in (2, 3, 5, 9, 17) if n <= chunk)}):  # each token-count class
             self.prefill([0] * length, slot=0)
-        batch = 1
-        while True:
-            batch = min(batch, self.n_slots)
-            self.decode([0] * batch, list(range(batch)), [chunk - 1] * batch)
-            if batch == self.n_slots:
-                break
-            batch *= 2
-        self.decode([0], [0], [chunk - 1], argmax=True)  # the kernels that pick tokens on the device
-        self.decode([0], [0], [chunk - 1], sampling=engine_params(1.0, 0.0, 0, 0)[None, :])
+        batches = {*range(1, min(self.n_slots, 32) + 1), *(1 << p for p in range(self.n_slots.bit_length()))}
+        batches = sorted(b for b in batches | {self.n_slots} if b <= self.n_slots)
+        # One position per signature (backends split attention in power-of-two partition counts), as many as
+        # fit half the graph store (the rest is for prompts and what the warm-up cannot foresee).
+        positions: dict = {}
+        for p in sorted({0, self.max_seq_len - 1, *((1 << i) - 1 for i in range(self.max_seq_len.bit_length()))}):
+            positions.setdefault(self.rt.graph_signature(np.array([p], dtype=np.int32)), p)
+        picks = ({}, {"argmax": True}, {"sampling": engine_params(1.0, 0.0, 0, 0)[None, :]})
+        budget = max(1, MAX_GRAPHS // 2 // (len(batches) * len(picks)))
+        for position in sorted(positions.values())[:budget]:
+            for batch in batches:
+                for pick in picks:
+                    if "sampling" in pick:
+                        pick = {"sampling": np.repeat(pick["sampling"], batch, axis=0)}
+                    self.decode([0] * batch, list(range(batch)), [position] * batch, **pick)
 
     def _check_ids(self, tokens: Sequence[int]) -> np.ndarray:
         ids = np.asarray(tokens, dtype=np.int64)

@@ -139,14 +139,33 @@ def engine_ceiling(model: str | None, backend: str, batch: int, steps: int = 8) 
 
 
 def engine_seconds(url: str, headers: dict) -> dict[str, float]:
-    """Seconds the server's engine has spent per step kind (perfx_engine_step_seconds_sum in /metrics)."""
+    """Seconds the server's engine has spent per step kind (perfx_engine_step_seconds_sum in /metrics), with
+    the step counts ("<kind>_steps") and the decode rows run ("decode_rows")."""
     text = httpx.get(url + "/metrics", headers=headers, timeout=10).text
     found = {}
     for line in text.splitlines():
-        if line.startswith("perfx_engine_step_seconds_sum{"):
-            kind = line.split('kind="', 1)[1].split('"', 1)[0]
-            found[kind] = float(line.split()[-1])
+        for prefix, suffix in (("perfx_engine_step_seconds_sum{", ""), ("perfx_engine_step_seconds_count{", "_steps")):
+            if line.startswith(prefix):
+                kind = line.split('kind="', 1)[1].split('"', 1)[0]
+                found[kind + suffix] = float(line.split()[-1])
+        if line.startswith("perfx_decode_batch_size_sum "):
+            found["decode_rows"] = float(line.split()[-1])
     return found
+
+
+def step_summary(before: dict[str, float], after: dict[str, float], wall: float) -> dict:
+    """Engine busy share per step kind over a level, and its steps: count, mean milliseconds, mean batch."""
+    delta = {key: after[key] - before.get(key, 0.0) for key in after}
+    summary: dict = {"engine_busy": {}, "steps": {}}
+    for kind in ("decode", "prefill"):
+        if kind in delta:
+            summary["engine_busy"][kind] = round(delta[kind] / wall, 3)
+            count = delta.get(kind + "_steps", 0)
+            if count:
+                summary["steps"][kind] = {"count": int(count), "mean_ms": round(1e3 * delta[kind] / count, 2)}
+    if summary["steps"].get("decode") and "decode_rows" in delta:
+        summary["steps"]["decode"]["mean_batch"] = round(delta["decode_rows"] / summary["steps"]["decode"]["count"], 2)
+    return summary
 
 
 def _free_port() -> int:
@@ -228,7 +247,7 @@ def main() -> int:
             wall, after = time.perf_counter() - start, engine_seconds(url, headers)
             # The share of the level's wall time the engine was running forwards; the rest is host-side work
             # (sampling, streaming, HTTP) or idle time between requests.
-            level["engine_busy"] = {kind: round((after[kind] - before.get(kind, 0.0)) / wall, 3) for kind in after}
+            level.update(step_summary(before, after, wall))
             levels.append(level)
         metrics = httpx.get(url + "/metrics", headers=headers, timeout=10).text
     finally:
@@ -253,6 +272,16 @@ def main() -> int:
             f"{r['output_tokens_per_s']:>9} {r['ttft_ms_p50']!s:>9} {r['ttft_ms_p99']!s:>9} "
             f"{r['itl_ms_p50']!s:>8} {r['itl_ms_p99']!s:>8}  engine busy: {busy}"
         )
+        steps = r["steps"]
+        if steps:
+            print(
+                "      steps: "
+                + ", ".join(
+                    f"{kind} {v['count']} x {v['mean_ms']} ms"
+                    + (f" (mean batch {v['mean_batch']})" if "mean_batch" in v else "")
+                    for kind, v in sorted(steps.items())
+                )
+            )
         for error in r["errors"]:
             print(f"      error: {error}")
     by_c = {r["concurrency"]: r for r in levels}

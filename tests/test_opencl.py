@@ -227,7 +227,9 @@ def test_perfx_tune_refuses_a_backend_without_kernels(capsys):
 
 def test_recorded_decode_steps_replay_exactly(registry, smollm2_path, monkeypatch):
     """Decode with graphs (recorded steps replayed) gives the logits of running every op, over batch sizes
-    1 and 3 and across attention partition boundaries (a new recording each time the signature changes)."""
+    1 and 3 and across attention partition boundaries (a new recording each time the signature changes).
+    Prompts of 3-5 tokens are recorded too, padded to one 16-token graph: the padding rows' cache entries
+    are overwritten before any step reads them, so every later logit is unchanged."""
     from perfx_core.gguf_loader import load_llama_gguf
     from perfx_core.model import LlamaModel
 
@@ -240,14 +242,14 @@ def test_recorded_decode_steps_replay_exactly(registry, smollm2_path, monkeypatc
         def run(graphs: str) -> list[np.ndarray]:
             monkeypatch.setenv("PERFX_OPENCL_GRAPHS", graphs)
             model._graphs.clear()
-            for slot in range(3):
-                model.prefill(prompt[: 3 + slot], slot=slot)
             out, tokens = [], [7, 8, 9]
-            for step in range(70):  # positions 5..74 cross the 64-position partition boundary
-                if step % 2:
-                    logits = model.decode(tokens[:1], [0], [3 + step])
-                else:
-                    logits = model.decode(tokens, [0, 1, 2], [3 + step, 4 + step, 5 + step])
+            for slot in range(3):
+                out.append(model.prefill(prompt[: 3 + slot], slot=slot))
+            positions = [3, 4, 5]  # each slot's next position: a sequence writes every position in order
+            for step in range(70):  # slot 0 reaches position 72: across the 64-position partition boundary
+                batch = 1 if step % 2 else 3
+                logits = model.decode(tokens[:batch], list(range(batch)), positions[:batch])
+                positions = [p + 1 for p in positions[:batch]] + positions[batch:]
                 tokens = [int(t) for t in np.argmax(logits, axis=1)] + tokens[len(logits) :]
                 out.append(logits)
             return out
@@ -258,8 +260,8 @@ def test_recorded_decode_steps_replay_exactly(registry, smollm2_path, monkeypatc
         replay = rt.replay
         monkeypatch.setattr(rt, "replay", lambda graph, inputs: (replays.append(graph), replay(graph, inputs)))
         replayed = run("1")
-        assert len(replays) == 70 - 4  # every step but the four first of their kind
-        assert {key[0] for key in model._graphs} == {1, 3} and len(model._graphs) == 4  # 2 sizes x 2 signatures
+        assert len(replays) == 2 + 70 - 4  # every prompt and step but the first of its kind
+        assert {key[0] for key in model._graphs} == {"prefill", 1, 3} and len(model._graphs) == 5  # + 2 x 2 decode
         for a, b in zip(plain, replayed, strict=True):
             np.testing.assert_array_equal(a, b)
     finally:
@@ -345,25 +347,29 @@ def test_a_graph_keeps_its_buffers_alive(registry, smollm2_path, monkeypatch):
             model.prefill(list(range(100, 100 + length)), slot=0)
         gc.collect()
         model.prefill([1, 504, 3458], slot=0)
-        assert len(model._graphs) == 1
+        assert [key[0] for key in model._graphs].count(1) == 1  # one decode step (and the prompts' graphs)
         np.testing.assert_array_equal(model.decode([11], [0], [3]), recorded)  # a replay
     finally:
         rt.close()
 
 
-def test_bad_gemv_override_is_a_clear_error(registry, monkeypatch):
+@pytest.mark.parametrize(
+    "variable, value, parse",
+    [("PERFX_OPENCL_GEMV", "RW=32,UC=0", "gemv_overrides"), ("PERFX_OPENCL_MMA_SHAPE", "MT=3", "mma_overrides")],
+)
+def test_bad_kernel_shape_override_is_a_clear_error(registry, monkeypatch, variable, value, parse):
     from perfx_opencl import ops
 
     from perfx_core.errors import InvalidArgumentError
 
-    monkeypatch.setenv("PERFX_OPENCL_GEMV", "RW=32,UC=0")
-    ops.gemv_overrides.cache_clear()
+    monkeypatch.setenv(variable, value)
+    getattr(ops, parse).cache_clear()
     try:
-        with pytest.raises(InvalidArgumentError, match="PERFX_OPENCL_GEMV"):
-            ops.gemv_overrides()
+        with pytest.raises(InvalidArgumentError, match=variable):
+            getattr(ops, parse)()
     finally:
-        monkeypatch.delenv("PERFX_OPENCL_GEMV")
-        ops.gemv_overrides.cache_clear()
+        monkeypatch.delenv(variable)
+        getattr(ops, parse).cache_clear()
 
 
 def test_without_fused_tails_the_ops_use_separate_launches(registry, monkeypatch):
@@ -455,22 +461,6 @@ def test_quantized_activation_gemv_matches_float(registry, n, silu, local_bytes)
         rt.close()
 
 
-@pytest.mark.slow
-def test_smollm2_with_quantized_activations_matches_numpy(registry, smollm2, quantized_gemv):
-    model = perfx_core.load(backend="opencl", context_length=128)
-    try:
-        ours = model.generate(PROMPT, max_tokens=16, temperature=0, ignore_eos=True)
-        ours.run()
-        ref = smollm2.generate(PROMPT, max_tokens=16, temperature=0, ignore_eos=True)
-        ref.run()
-        assert ours.token_ids == ref.token_ids, (ours.text, ref.text)
-        ids = model.tokenizer.encode(PROMPT, add_special=True) + ref.token_ids
-        got, want = model.logits(ids), smollm2.logits(ids)
-        assert float(((got - want) ** 2).sum() / (want**2).sum()) < 1e-4
-    finally:
-        model.close()
-
-
 @pytest.mark.parametrize("tpt", ["4", "8"])
 def test_int4_gemm_tiles_cover_every_token_and_row(registry, monkeypatch, tpt):
     """n > 16 runs the tiled GEMM: several token tiles, a partial last tile of tokens and of rows, g32."""
@@ -491,3 +481,126 @@ def test_int4_gemm_tiles_cover_every_token_and_row(registry, monkeypatch, tpt):
         np.testing.assert_allclose(rt.to_numpy(out), want, rtol=1e-4, atol=1e-3)
     finally:
         rt.close()
+
+
+# -- matrix-unit int4 kernel (kernels/int4_mma.cl) -------------------------------------------------------------
+
+
+@pytest.fixture
+def matrix_units(monkeypatch):
+    """Int4 matmuls of 2+ tokens on the mma kernel (native on NVIDIA; its portable emulation on PoCL)."""
+    monkeypatch.setenv("PERFX_OPENCL_MMA", "1")
+
+
+def test_matrix_unit_kernel_conforms(registry, matrix_units):
+    assert_backend_conforms("opencl", ops=["int4_gemm", "gate_up_silu", "linear_add_rmsnorm"])
+
+
+@pytest.mark.parametrize(
+    "n, silu, group, k, shape",
+    [
+        (2, False, 128, 512, ""),  # one token tile, mostly empty
+        (16, True, 32, 256, ""),  # gate|up with SiLU, scales changing every chunk
+        (70, False, 64, 384, ""),  # several token tiles, a partial last one; 12 chunks over 2 warps
+        (13, False, 32, 96, "KW=8"),  # 3 chunks: KW falls back to a divisor (1)
+        (40, True, 128, 1024, "MT=1,NT8=1,KW=16"),
+    ],
+)
+def test_matrix_unit_kernel_matches_float(registry, monkeypatch, matrix_units, n, silu, group, k, shape):
+    """Half-precision inputs with float accumulation against float64: error at half rounding (~1e-7), over
+    partial row and token tiles, an x view that is not 16-byte aligned, and forced shapes."""
+    from perfx_opencl import ops
+
+    from perfx_core.synthetic import random_int4
+    from perfx_core.weights import dequantize
+
+    monkeypatch.setenv("PERFX_OPENCL_MMA_SHAPE", shape)
+    ops.mma_overrides.cache_clear()
+    rng = np.random.default_rng(n)
+    m = 72  # not a multiple of 16 rows per tile
+    weight = random_int4(2 * m if silu else m, k, group, rng)
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    want = x.astype(np.float64) @ dequantize(weight).astype(np.float64).T
+    if silu:
+        gate, up = want[:, :m], want[:, m:]
+        want = gate / (1 + np.exp(-gate)) * up
+    rt = registry.open_runtime("opencl")
+    try:
+        assert rt.use_mma
+        padded = rt.from_numpy(np.concatenate([np.zeros(1, np.float32), x.ravel()]))
+        xs = rt.view(padded, 1, (n, k))  # offset 1: the kernel's unaligned loads
+        out = rt.empty((n, m))
+        (ops.gate_up_silu if silu else ops.int4_gemm)(rt, xs, rt.prepare_weight(weight), out)
+        got = rt.to_numpy(out)
+        assert float(((got - want) ** 2).sum() / (want**2).sum()) < 1e-6
+        built = [dict(key[2]) for key in rt._kernels if key[1] == "int4_mma"]
+        assert built and all(b["X_UNALIGNED"] for b in built)
+        if shape == "KW=8":
+            assert built[0]["KW"] == 1
+    finally:
+        rt.close()
+        monkeypatch.delenv("PERFX_OPENCL_MMA_SHAPE")
+        ops.mma_overrides.cache_clear()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variable, value", [("PERFX_OPENCL_GEMV", "QX=1"), ("PERFX_OPENCL_MMA", "1")])
+def test_smollm2_with_a_forced_kernel_matches_numpy(registry, smollm2, monkeypatch, variable, value):
+    """The quantized-activation GEMV (decode) or the mma kernel (prompts, and the logits check's ~32 tokens),
+    forced where they are not the default: the same greedy tokens as NumPy and logits NMSE < 1e-4."""
+    from perfx_opencl import ops
+
+    monkeypatch.setenv(variable, value)
+    ops.gemv_overrides.cache_clear()
+    model = perfx_core.load(backend="opencl", context_length=128)
+    try:
+        ours = model.generate(PROMPT, max_tokens=16, temperature=0, ignore_eos=True)
+        ours.run()
+        ref = smollm2.generate(PROMPT, max_tokens=16, temperature=0, ignore_eos=True)
+        ref.run()
+        assert ours.token_ids == ref.token_ids, (ours.text, ref.text)
+        ids = model.tokenizer.encode(PROMPT, add_special=True) + ref.token_ids
+        got, want = model.logits(ids), smollm2.logits(ids)
+        assert float(((got - want) ** 2).sum() / (want**2).sum()) < 1e-4
+    finally:
+        model.close()
+        monkeypatch.delenv(variable)
+        ops.gemv_overrides.cache_clear()
+
+
+def test_warm_up_records_the_steps_a_server_runs(registry, smollm2_path, monkeypatch):
+    """After warm_up every batch size, at each reachable attention signature and with each way of picking
+    tokens, replays a recording: no step a server runs is recorded (or compiled) while requests wait."""
+    from perfx_core.gguf_loader import load_llama_gguf
+    from perfx_core.model import LlamaModel
+    from perfx_core.sampling import engine_params
+
+    config, weights, _ = load_llama_gguf(smollm2_path)
+    rt = registry.open_runtime("opencl")
+    try:
+        model = LlamaModel(config, weights, rt, n_slots=3, max_seq_len=160, prefill_chunk=16)
+        model.warm_up()
+        signatures = {key[1] for key in model._graphs if key[0] != "prefill"}
+        assert len(signatures) == 3  # positions 0-63, 64-127, 128-159: 1, 2 and 4 decode partitions
+        assert len([key for key in model._graphs if key[0] != "prefill"]) == 3 * 3 * 3
+        replays = []
+        replay = rt.replay
+        monkeypatch.setattr(rt, "replay", lambda graph, inputs: (replays.append(graph), replay(graph, inputs)))
+        before = len(model._graphs)
+        model.prefill([1, 504, 3458], slot=1)
+        model.decode([5, 6], [0, 1], [70, 3], argmax=True)
+        model.decode([5, 6, 7], [0, 1, 2], [150, 4, 9], sampling=np.stack([engine_params(0.7, 0.1, 0, 3)] * 3))
+        model.decode([5], [2], [10])
+        assert len(replays) == 4 and len(model._graphs) == before
+    finally:
+        rt.close()
+
+
+def test_tiled_prefill_attention_with_small_tiles_conforms(registry, monkeypatch):
+    """Devices with little local memory (or head_dim 256 on 48 KB) run the prefill attention in 8-row tiles."""
+    from perfx_opencl import ops
+
+    tiles = []
+    monkeypatch.setattr(ops, "_prefill_tile", lambda rt, hd: tiles.append(hd) or 8)
+    assert_backend_conforms("opencl", ops=["attention_prefill"])
+    assert tiles and 256 in tiles

@@ -26,6 +26,17 @@ SMALL_N = 16  # up to this many tokens an int4 matmul uses the GEMV kernel, whic
 # Up to this many tokens (a short prompt), GEMV passes of SMALL_N tokens beat the tiled GEMM, whose 64-token
 # tiles are mostly empty there (H200, 12288x4096: n = 32 in 2 passes ~180 us, GEMM 354 us; n = 64 ~350 vs 397).
 GEMV_PASSES_N = 64
+# Matrix-unit matmuls (kernels/int4_mma.cl) take int4 matmuls of at least MMA_MIN_N tokens where the runtime
+# has them (rt.use_mma: NVIDIA's mma.sync). Shape per token count: MT 16-row tiles x NT8 8-token tiles per
+# warp, KW warps splitting k (scripts/sweep_opencl_mma.py on the H200: few tokens want many warps per row
+# tile to keep loads in flight; many tokens want bigger tiles, each weight load feeding more tokens).
+MMA_MIN_N = 2
+MMA_SHAPES = (  # (up to n tokens, shape)
+    (8, {"MT": 2, "NT8": 1, "KW": 8}),
+    (16, {"MT": 2, "NT8": 2, "KW": 8}),
+    (64, {"MT": 2, "NT8": 4, "KW": 4}),
+    (None, {"MT": 4, "NT8": 4, "KW": 2}),
+)
 DENSE_SMALL_N = 4  # the dense GEMV re-reads W per token, so it only pays for very small batches
 # The GEMV's shape (docs/opencl.md): RW row lanes x KS k-splits, CR columns per thread, UC chunks in flight,
 # XS shared chunk sums, QX quantized activations with integer dot products (on by default where native).
@@ -47,6 +58,11 @@ MAX_HEAD_DIM = 256
 
 def _round_up(value: int, multiple: int) -> int:
     return (value + multiple - 1) // multiple * multiple
+
+
+def _int4_weight_args(w) -> tuple:
+    """The kernel arguments of an int4 weight after its three buffers' places: packed, scale, bias."""
+    return w.packed.buffer, w.scale.buffer, w.bias.buffer
 
 
 def _gemv_shape(rt) -> tuple[int, int]:
@@ -234,9 +250,7 @@ def _int4_gemv(rt, x, w, out, n, silu=False, epilogue=()):
         kernel,
         global_size,
         local_size,
-        w.packed.buffer,
-        w.scale.buffer,
-        w.bias.buffer,
+        *_int4_weight_args(w),
         *x_arg,
         out,
         n,
@@ -276,9 +290,56 @@ def _gemm_tokens_per_thread(rt, n: int, m: int) -> int:
     return 8 if tiles >= 2 * rt.device.details.get("compute_units", 1) else 4
 
 
+@functools.lru_cache(maxsize=8)
+def mma_overrides() -> dict[str, int]:
+    """PERFX_OPENCL_MMA_SHAPE="MT=4,NT8=2,KW=2" overrides the matrix-unit kernel's shape (experiments)."""
+    overrides = {}
+    for item in filter(None, os.environ.get("PERFX_OPENCL_MMA_SHAPE", "").split(",")):
+        key, _, value = item.partition("=")
+        key = key.strip()
+        if key not in MMA_SHAPES[0][1] or value.strip() not in ("1", "2", "4", "8", "16"):
+            raise InvalidArgumentError(
+                f"PERFX_OPENCL_MMA_SHAPE: {item!r} is not KEY=N with KEY one of "
+                f"{', '.join(MMA_SHAPES[0][1])} and N 1, 2, 4, 8 or 16"
+            )
+        overrides[key] = int(value)
+    return overrides
+
+
+def _mma_config(n: int, k: int) -> dict[str, int]:
+    config = next(dict(shape) for limit, shape in MMA_SHAPES if limit is None or n <= limit)
+    config.update(mma_overrides())
+    while (k // 32) % config["KW"]:  # each warp takes an equal run of the chunks
+        config["KW"] //= 2
+    return config
+
+
+def _int4_mma(rt, x, w, out, silu=False):
+    """out = x @ W.T (``silu``: silu(x @ W_gate.T) * (x @ W_up.T)) on the matrix units, any number of tokens."""
+    n, rows = out.shape
+    k = w.shape[1]
+    config = _mma_config(n, k)
+    kernel = rt.kernel("int4_mma", "int4_mma", SILU=silu, X_UNALIGNED=x.offset % 4 != 0, **config)
+    rt.launch(
+        kernel,
+        (-(-rows // (16 * config["MT"])) * 32 * config["KW"], -(-n // (8 * config["NT8"]))),
+        (32 * config["KW"], 1),
+        *_int4_weight_args(w),
+        x,
+        out,
+        n,
+        rows,
+        k,
+        w.group_size.bit_length() - 1,
+    )
+
+
 def int4_gemm(rt, x, w, out):
     n, m = out.shape
     k = w.shape[1]
+    if n >= MMA_MIN_N and rt.use_mma:
+        _int4_mma(rt, x, w, out)
+        return
     if n <= GEMV_PASSES_N:
         _int4_gemv_passes(rt, x, w, out)
         return
@@ -288,9 +349,7 @@ def int4_gemm(rt, x, w, out):
         kernel,
         (_round_up(m, GEMM_ROWS) // 8, _round_up(n, 16 * tpt) // tpt),
         (16, 16),
-        w.packed.buffer,
-        w.scale.buffer,
-        w.bias.buffer,
+        *_int4_weight_args(w),
         x,
         out,
         n,
@@ -314,7 +373,9 @@ def dense_gemm(rt, x, w, out):
 
 def gate_up_silu(rt, x, w_gate_up, out):
     n, f = out.shape
-    if w_gate_up.kind == "int4" and n <= GEMV_PASSES_N:
+    if w_gate_up.kind == "int4" and n >= MMA_MIN_N and rt.use_mma:
+        _int4_mma(rt, x, w_gate_up, out, silu=True)
+    elif w_gate_up.kind == "int4" and n <= GEMV_PASSES_N:
         _int4_gemv_passes(rt, x, w_gate_up, out, silu=True)
     else:
         generic_gate_up_silu(rt, x, w_gate_up, out)
@@ -322,7 +383,7 @@ def gate_up_silu(rt, x, w_gate_up, out):
 
 def linear_add_rmsnorm(rt, x, w, residual, weight, eps, out):
     n = out.shape[0]
-    if w.kind != "int4" or n > SMALL_N or not rt.fused_tails:
+    if w.kind != "int4" or n > SMALL_N or not rt.fused_tails or (n >= MMA_MIN_N and rt.use_mma):
         generic_linear_add_rmsnorm(rt, x, w, residual, weight, eps, out)
         return
     delta = rt.scratch("linear_add_rmsnorm", out.shape)
@@ -403,7 +464,7 @@ def _attention(rt, qkv, cache, layer, slots, positions, rope, spec, out):
         spec.q_dim,
         spec.qkv_dim,
     )
-    parts = (int(np.max(positions)) + ATT_PART) // ATT_PART  # partitions of the longest row
+    parts = decode_signature(positions)[1]  # partitions of the longest row
     partial = rt.scratch("attention_partial", (rows * spec.n_heads * parts * (hd + 2),))
     rt.launch(
         rt.kernel("attention", "attention", PART=ATT_PART, **options),
@@ -430,11 +491,18 @@ def _attention(rt, qkv, cache, layer, slots, positions, rope, spec, out):
         )
 
 
+def _partitions(last_position: int, part: int) -> int:
+    """Attention partitions of ``part`` positions for rows up to ``last_position``, rounded up to a power of two:
+    the extra ones are empty (the kernels skip them), and a step's recorded graph then serves every length up
+    to the next power of two instead of one per partition count."""
+    return 1 << ((last_position + part) // part - 1).bit_length()
+
+
 def decode_signature(positions) -> tuple[int, int]:
-    """What of a decode step's positions changes its launches: the number of attention partitions (of the
-    fused kernel and of the three-launch path)."""
+    """What of a step's positions changes its launches: the number of attention partitions (of the fused
+    decode kernel and of the three-launch path)."""
     last = int(np.max(positions))
-    return (last + DECODE_PART) // DECODE_PART, (last + ATT_PART) // ATT_PART
+    return _partitions(last, DECODE_PART), _partitions(last, ATT_PART)
 
 
 def attention_decode(rt, qkv, cache, layer, slots, positions, rope, spec, out):
@@ -461,16 +529,56 @@ def attention_decode(rt, qkv, cache, layer, slots, positions, rope, spec, out):
     )
 
 
+def _prefill_tile(rt, hd: int) -> int:
+    """Query rows and key positions per tile of the tiled prefill attention: 16 where its local arrays fit
+    (q and K tiles padded a float per row, V, the probabilities), else 8."""
+    for tile in (16, 8):
+        floats = 2 * tile * (hd + 1) + tile * hd + tile * (tile + 1) + tile
+        if 4 * floats <= _local_bytes(rt):
+            return tile
+    raise BackendError(f"the tiled prefill attention does not fit this device's local memory at head_dim {hd}")
+
+
 def attention_prefill(rt, qkv, cache, layer, slot, start, rope, spec, out):
-    t = qkv.shape[0]
-    _attention(
-        rt,
+    """store_kv for the T new rows, then the tiled kernel: each tile of K and V is read once per block of rows."""
+    t, hd = qkv.shape[0], spec.head_dim
+    if hd % 4:
+        _attention(
+            rt,
+            qkv,
+            cache,
+            layer,
+            np.full(t, slot, np.int32),
+            np.arange(start, start + t, dtype=np.int32),
+            rope,
+            spec,
+            out,
+        )
+        return
+    options = {"CACHE_HALF": cache.spec.dtype == "float16"}
+    placement = _placement(
+        rt, cache, layer, np.full(t, slot, np.int32), np.arange(start, start + t, dtype=np.int32), rope, spec
+    )
+    rt.launch(
+        rt.kernel("attention", "store_kv", **options),
+        (_round_up(hd // 2, 32), spec.n_kv_heads, t),
+        None,
         qkv,
-        cache,
-        layer,
-        np.full(t, slot, dtype=np.int32),
-        np.arange(start, start + t, dtype=np.int32),
-        rope,
-        spec,
+        *placement,
+        hd,
+        spec.q_dim,
+        spec.qkv_dim,
+    )
+    tile = _prefill_tile(rt, hd)
+    rt.launch(
+        rt.kernel("attention", "attention_prefill", HD=hd, QB=tile, KB=tile, **options),
+        (ATT_WG * spec.n_heads, -(-t // tile)),
+        (ATT_WG, 1),
+        qkv,
+        *placement,
+        t,
+        spec.n_heads,
+        spec.qkv_dim,
         out,
+        1.0 / math.sqrt(hd),
     )

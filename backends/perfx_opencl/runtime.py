@@ -420,6 +420,8 @@ class OpenCLRuntime(Runtime):
             options.append(f"-DNV_MEMBAR_GL={self._nv_membar}")
         if self.native_int_dot:
             options.append("-DNV_DP4A")
+        if self.native_mma:
+            options.append("-DNV_MMA")
         program = self.program(file, tuple(options))
         key = (id(program), name)
         kernel = self._state.kernels.get(key)
@@ -444,6 +446,28 @@ class OpenCLRuntime(Runtime):
         inline PTX (the int4 GEMV's quantized-activation path, kernels/int4.cl QX). Probed once per runtime."""
         dp4a = 'uint r; asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(r) : "r"(x[0]), "r"(x[1]), "r"(x[2])); x[3] = r;'
         return self._nvidia_compiles("dp4a_probe", dp4a)
+
+    @functools.cached_property
+    def native_mma(self) -> bool:
+        """Whether the device has matrix units the kernels can drive: NVIDIA's mma.sync m16n8k16 on halves
+        (sm_80 and later) through inline PTX (kernels/int4_mma.cl). Probed once per runtime."""
+        mma = (
+            "float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}; uint a = x[0];"
+            'asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, '
+            '{%8,%9}, {%0,%1,%2,%3};" : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) '
+            ': "r"(a), "r"(a), "r"(a), "r"(a), "r"(a), "r"(a));'
+            'uint h; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(c[0]), "f"(c[1])); x[1] = h;'
+        )
+        return self._nvidia_compiles("mma_probe", mma)
+
+    @functools.cached_property
+    def use_mma(self) -> bool:
+        """Whether int4 matmuls of several tokens run on the matrix-unit kernel: where it is native, or forced
+        with PERFX_OPENCL_MMA=1 (its portable emulation: how the tests check it on PoCL) or off with 0."""
+        forced = os.environ.get("PERFX_OPENCL_MMA")
+        if forced in ("0", "1"):
+            return forced == "1"
+        return self.native_mma
 
     def _nvidia_compiles(self, name: str, body: str) -> bool:
         """Whether this is an NVIDIA device whose compiler builds a kernel ``name`` with ``body`` (inline PTX)
@@ -559,7 +583,9 @@ class OpenCLRuntime(Runtime):
         """Tune the int4 GEMV for ``config``'s matmul shapes (perfx_opencl.tuning) and cache the result."""
         from . import ops, tuning  # ops imports this module
 
-        best = tuning.tune_gemv(self, tuning.model_shapes(config), quick=quick, progress=progress)
+        # Token counts that reach the GEMV: with the matrix-unit kernel only single tokens do.
+        ns = [n for n in tuning.SMALL_NS if not (self.use_mma and n >= ops.MMA_MIN_N)]
+        best = tuning.tune_gemv(self, tuning.model_shapes(config), ns, quick=quick, progress=progress)
         path = tuning.save(self, best)
         ops.clear_plans(self)  # later launches on this runtime use the new shapes...
         self._launches.clear()  # ...and the candidates' launches (holding the tuner's weight copies) go

@@ -1,0 +1,226 @@
+// int4 matmuls on matrix units: out (n, rows) = x (n, k) @ W.T with W in int4.cl's chunk-major layout
+// (packed uint4 (k/32, m), half scale and float bias (k/g, m)), for batched decode and prefill.
+//
+// Each warp (32 consecutive work-items) runs mma m16n8k16 (f16 inputs, f32 accumulation) over MT tiles of 16
+// weight rows x NT8 tiles of 8 tokens. On NVIDIA that is `mma.sync` through inline PTX (-DNV_MMA, probed by
+// the runtime); elsewhere a portable emulation through local memory computes the same fragments (how CI
+// checks the layout below on PoCL; far too slow to be chosen there by default).
+//
+// Why this beats the integer-dot GEMV from a few tokens on: a GEMV over 16 tokens spends 16 multiply-adds per
+// weight on FP32 or dp4a units, which made it arithmetic-bound (H200 12288x4096: 86.9 us at 16 tokens vs 13.4
+// at one); the matrix units do them at a small fraction of that cost, so W is read at close to memory speed.
+//
+// Fragments. For lane = 4 * g + t, mma m16n8k16 wants A (weights) rows g and g + 8 at k = 2t, 2t+1, 2t+8,
+// 2t+9 and B (activations) at the same k for token g. The sum over k does not care about its order, so the
+// kernel maps those logical k onto physical columns where they are cheap to get: lane t takes word t of each
+// row's 16-byte chunk (columns 32c + 8t .. 8t+7, nibble i = column 8t+i) and, for the chunk's two k16 steps
+// s = 0, 1, logical (2t, 2t+1) = nibbles (2s, 2s+4) and (2t+8, 2t+9) = nibbles (2s+1, 2s+5). The pair
+// (nibble j, nibble j+4) of word w is ((w >> 4j) & 0x000F000F): two codes in the low bits of two halves,
+// which OR 0x6400 turns into the halves 1024 + code (no conversion instruction). Its x are the 8 floats of
+// columns 32c + 8t .. 8t+7 paired the same way: (x0, x4), (x1, x5), (x2, x6), (x3, x7).
+//
+// Dequantization is in half: w = code * scale + bias (one subtract and one fma per two weights), as GPU AWQ
+// kernels do; x is rounded to half too. Both round to 11 bits (relative error 2^-12), far inside the engine's
+// 1e-4 logits NMSE bar. |x| beyond 65504 (half's range) would overflow: not seen in Llama-family inputs.
+//
+// Work split: a work-group is KW warps over the same MT x 16 rows and NT8 x 8 tokens, warp w taking the w-th
+// of KW equal runs of chunks (the host keeps KW a divisor of k / 32), summed through local memory at the end.
+// Global size (ceil(rows / (16 * MT)) * 32 * KW, ceil(n / (8 * NT8))), local (32 * KW, 1).
+// SILU: W is [W_gate; W_up] (2 * rows rows) and out = silu(x @ W_gate.T) * (x @ W_up.T).
+
+#ifndef MT
+#define MT 2  // 16-row weight tiles per warp
+#endif
+#ifndef NT8
+#define NT8 2  // 8-token tiles per warp
+#endif
+#ifndef KW
+#define KW 4  // warps per work-group, splitting k
+#endif
+#ifdef SILU
+#define RT (2 * MT)  // accumulated row tiles: the gate tiles, then the matching up tiles
+#else
+#define RT MT
+#endif
+
+#ifdef X_UNALIGNED
+#define LOAD_X4(i) vload4(0, x + (i))
+#else
+#define LOAD_X4(i) (*(__global const float4*)(x + (i)))  // the host passes x_off % 4 == 0
+#endif
+
+#define CODE_PAIR(w, shift) ((((w) >> (shift)) & 0x000F000Fu) | 0x64006400u)  // halves 1024 + code
+
+#ifdef NV_MMA
+inline uint half2_of(float lo, float hi) {
+    uint r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+// (1024 + code) pairs -> code * scale + bias, per half.
+inline uint dequantize_pair(uint codes, uint scale2, uint bias2) {
+    uint q, r;
+    asm("sub.f16x2 %0, %1, %2;" : "=r"(q) : "r"(codes), "r"(0x64006400u));
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(q), "r"(scale2), "r"(bias2));
+    return r;
+}
+inline void mma_16816(float* c, uint a0, uint a1, uint a2, uint a3, uint b0, uint b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+#define MMA(c, a0, a1, a2, a3, b0, b1) mma_16816(c, a0, a1, a2, a3, b0, b1)
+#else
+// Portable: halves through vload_half / vstore_half_rte (no cl_khr_fp16 needed), the same roundings.
+inline float half_value(uint bits) {
+    const ushort h = (ushort)bits;
+    return vload_half(0, (const half*)&h);
+}
+inline uint half_bits(float v) {
+    ushort h;
+    vstore_half_rte(v, 0, (half*)&h);
+    return h;
+}
+inline uint half2_of(float lo, float hi) { return half_bits(lo) | (half_bits(hi) << 16); }
+inline uint dequantize_pair(uint codes, uint scale2, uint bias2) {
+    const float lo = fma(half_value(codes) - 1024.0f, half_value(scale2), half_value(bias2));
+    const float hi = fma(half_value(codes >> 16) - 1024.0f, half_value(scale2 >> 16), half_value(bias2 >> 16));
+    return half2_of(lo, hi);
+}
+// The warp's A (16 x 16) and B (16 x 8) gathered into local memory, then each lane computes its four
+// outputs. Every work-item of the work-group calls it equally often, so the barriers are uniform.
+inline void mma_emulated(float* c, uint a0, uint a1, uint a2, uint a3, uint b0, uint b1, __local float* a,
+                         int lane) {
+    __local float* b = a + 256;
+    const int g = lane >> 2, t = lane & 3;
+    a[g * 16 + 2 * t] = half_value(a0), a[g * 16 + 2 * t + 1] = half_value(a0 >> 16);
+    a[(g + 8) * 16 + 2 * t] = half_value(a1), a[(g + 8) * 16 + 2 * t + 1] = half_value(a1 >> 16);
+    a[g * 16 + 2 * t + 8] = half_value(a2), a[g * 16 + 2 * t + 9] = half_value(a2 >> 16);
+    a[(g + 8) * 16 + 2 * t + 8] = half_value(a3), a[(g + 8) * 16 + 2 * t + 9] = half_value(a3 >> 16);
+    b[(2 * t) * 8 + g] = half_value(b0), b[(2 * t + 1) * 8 + g] = half_value(b0 >> 16);
+    b[(2 * t + 8) * 8 + g] = half_value(b1), b[(2 * t + 9) * 8 + g] = half_value(b1 >> 16);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int kk = 0; kk < 16; ++kk) {
+        const float lo = a[g * 16 + kk], hi = a[(g + 8) * 16 + kk];
+        const float x0 = b[kk * 8 + 2 * t], x1 = b[kk * 8 + 2 * t + 1];
+        c[0] = fma(lo, x0, c[0]), c[1] = fma(lo, x1, c[1]), c[2] = fma(hi, x0, c[2]), c[3] = fma(hi, x1, c[3]);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+#define MMA(c, a0, a1, a2, a3, b0, b1) mma_emulated(c, a0, a1, a2, a3, b0, b1, mma_scratch[warp], lane)
+#endif
+
+__kernel __attribute__((reqd_work_group_size(32 * KW, 1, 1))) void int4_mma(
+    __global const uint* packed, __global const ushort* scale, __global const float* bias, __global const float* x,
+    int x_off, __global float* out, int out_off, int n, int rows, int k, int group_shift) {
+#ifndef NV_MMA
+    __local float mma_scratch[KW][256 + 128];
+#endif
+    const int lane = get_local_id(0) & 31, warp = get_local_id(0) >> 5, g = lane >> 2, t = lane & 3;
+    const int row0 = get_group_id(0) * 16 * MT, token0 = get_group_id(1) * 8 * NT8;
+#ifdef SILU
+    const int m = 2 * rows;
+#else
+    const int m = rows;
+#endif
+    // This lane's weight rows (g and g + 8 of each tile) and x rows (token g of each tile), clamped into
+    // range: the extra rows and tokens are computed and never stored, so every lane runs the same loop.
+    int wrow[RT][2];
+#pragma unroll
+    for (int i = 0; i < RT; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = min(row0 + 16 * (i % MT) + g + 8 * h, rows - 1);
+            wrow[i][h] = i < MT ? r : rows + r;
+        }
+    int xrow[NT8];
+#pragma unroll
+    for (int j = 0; j < NT8; ++j) xrow[j] = x_off + min(token0 + 8 * j + g, n - 1) * k + 8 * t;
+
+    float acc[RT][NT8][4];
+#pragma unroll
+    for (int i = 0; i < RT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT8; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
+
+    // (Loading chunk c + 1 before multiplying chunk c was tried: slower on the H200, 359 vs 275 us at 512
+    // tokens, from the registers it takes; the KW warps of a work-group already overlap their loads.)
+    const int per_warp = (k >> 5) / KW, c_begin = warp * per_warp, group_chunks = 1 << (group_shift - 5);
+    uint scale2[RT][2], bias2[RT][2];
+    for (int c = c_begin; c < c_begin + per_warp; ++c) {
+        if (c == c_begin || (c & (group_chunks - 1)) == 0) {  // a new group: its scales and biases, as half pairs
+            const size_t grp = (size_t)(c >> (group_shift - 5)) * m;
+#pragma unroll
+            for (int i = 0; i < RT; ++i)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const uint s = scale[grp + wrow[i][h]];
+                    scale2[i][h] = s | (s << 16);
+                    const float b = bias[grp + wrow[i][h]];
+                    bias2[i][h] = half2_of(b, b);
+                }
+        }
+        uint w[RT][2];
+#pragma unroll
+        for (int i = 0; i < RT; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) w[i][h] = packed[((size_t)c * m + wrow[i][h]) * 4 + t];
+        uint bx[NT8][4];
+#pragma unroll
+        for (int j = 0; j < NT8; ++j) {
+            const float4 lo = LOAD_X4(xrow[j] + 32 * c), hi = LOAD_X4(xrow[j] + 32 * c + 4);
+            bx[j][0] = half2_of(lo.x, hi.x), bx[j][1] = half2_of(lo.y, hi.y);
+            bx[j][2] = half2_of(lo.z, hi.z), bx[j][3] = half2_of(lo.w, hi.w);
+        }
+#pragma unroll
+        for (int s = 0; s < 2; ++s)
+#pragma unroll
+            for (int i = 0; i < RT; ++i) {
+                const uint a0 = dequantize_pair(CODE_PAIR(w[i][0], 8 * s), scale2[i][0], bias2[i][0]);
+                const uint a1 = dequantize_pair(CODE_PAIR(w[i][1], 8 * s), scale2[i][1], bias2[i][1]);
+                const uint a2 = dequantize_pair(CODE_PAIR(w[i][0], 8 * s + 4), scale2[i][0], bias2[i][0]);
+                const uint a3 = dequantize_pair(CODE_PAIR(w[i][1], 8 * s + 4), scale2[i][1], bias2[i][1]);
+#pragma unroll
+                for (int j = 0; j < NT8; ++j) MMA(acc[i][j], a0, a1, a2, a3, bx[j][2 * s], bx[j][2 * s + 1]);
+            }
+    }
+
+#if KW > 1
+    // Warps 1.. hand their sums to warp 0 (lane-minor: conflict-free).
+    __local float partial[KW - 1][RT * NT8 * 4][32];
+    if (warp > 0)
+#pragma unroll
+        for (int i = 0; i < RT; ++i)
+#pragma unroll
+            for (int j = 0; j < NT8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) partial[warp - 1][(i * NT8 + j) * 4 + e][lane] = acc[i][j][e];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (warp > 0) return;
+    for (int v = 0; v < KW - 1; ++v)
+#pragma unroll
+        for (int i = 0; i < RT; ++i)
+#pragma unroll
+            for (int j = 0; j < NT8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[i][j][e] += partial[v][(i * NT8 + j) * 4 + e][lane];
+#endif
+    // Output e of tile (i, j): row 16i + g (+8 for e >= 2), token 8j + 2t (+1 for odd e).
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = row0 + 16 * i + g + 8 * (e >> 1), token = token0 + 8 * j + 2 * t + (e & 1);
+                if (row >= rows || token >= n) continue;
+#ifdef SILU
+                const float gate = acc[i][j][e];
+                const float v = gate / (1.0f + exp(-gate)) * acc[MT + i][j][e];
+#else
+                const float v = acc[i][j][e];
+#endif
+                out[out_off + (size_t)token * rows + row] = v;
+            }
+}

@@ -1,0 +1,86 @@
+"""Where a step's time goes: prompt prefills and batched decode steps of a Llama-2-7B-shaped int4 model (random
+weights built on the machine), wall time per step next to the device time of each kernel.
+
+    python scripts/profile_steps.py --backend opencl [--prompts 25,512] [--batches 1,16] [--kv-dtype float16]
+
+Wall time is the median of several steps, each ending with its results read back (as the server does). Device
+time per kernel comes from OpenCL profiling events over the same steps; wall minus device time is what the
+host and the queue add. One JSON line per measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from perfx_core.model import LlamaModel
+from perfx_core.plugins import get_registry
+from perfx_core.synthetic import LLAMA2_7B, random_llama_weights
+
+
+def measure(rt, step: Callable[[], object], repeats: int) -> dict:
+    walls = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        walls.append(time.perf_counter() - start)
+    row = {"wall_ms": round(1e3 * statistics.median(walls), 3)}
+    profiling = getattr(rt, "profiling", None)
+    if profiling is not None:
+        with profiling():
+            rt.kernel_seconds()
+            for _ in range(repeats):
+                step()
+            by_kernel = rt.kernel_seconds()
+        row["device_ms"] = round(1e3 * sum(by_kernel.values()) / repeats, 3)
+        row["device_ms_by_kernel"] = {
+            name: round(1e3 * seconds / repeats, 3)
+            for name, seconds in sorted(by_kernel.items(), key=lambda kv: -kv[1])
+        }
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", default="opencl")
+    parser.add_argument("--device")
+    parser.add_argument("--prompts", default="25,512", help="prompt lengths to prefill")
+    parser.add_argument("--batches", default="1,16", help="decode batch sizes")
+    parser.add_argument("--kv-dtype", default="float16", choices=("float32", "float16"))
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--layers", type=int, help="fewer layers than Llama-2-7B's 32 (smoke runs)")
+    args = parser.parse_args()
+    rt = get_registry().open_runtime(args.backend, args.device)
+    prompts = [int(v) for v in args.prompts.split(",")]
+    batches = [int(v) for v in args.batches.split(",")]
+    config = dataclasses.replace(LLAMA2_7B, n_layers=args.layers) if args.layers else LLAMA2_7B
+    engine = LlamaModel(
+        config,
+        random_llama_weights(config, seed=0),
+        rt,
+        n_slots=max(batches),
+        max_seq_len=1024,
+        prefill_chunk=max(prompts),
+        kv_dtype=args.kv_dtype,
+    )
+    rng = np.random.default_rng(0)
+    for length in prompts:
+        prompt = rng.integers(0, config.vocab_size, length).tolist()
+        engine.prefill(prompt, slot=0)  # kernels built, graph recorded
+        row = measure(rt, lambda prompt=prompt: engine.prefill(prompt, slot=0), args.repeats)
+        print(json.dumps({"step": "prefill", "tokens": length, **row}), flush=True)
+    for batch in batches:
+        tokens, slots, positions = [1] * batch, list(range(batch)), [100] * batch
+        engine.decode(tokens, slots, positions, argmax=True)
+        row = measure(rt, lambda t=tokens, s=slots, p=positions: engine.decode(t, s, p, argmax=True), args.repeats)
+        print(json.dumps({"step": "decode", "batch": batch, **row}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
