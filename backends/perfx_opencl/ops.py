@@ -27,16 +27,12 @@ SMALL_N = 16  # up to this many tokens an int4 matmul uses the GEMV kernel, whic
 # tiles are mostly empty there (H200, 12288x4096: n = 32 in 2 passes ~180 us, GEMM 354 us; n = 64 ~350 vs 397).
 GEMV_PASSES_N = 64
 # Matrix-unit matmuls (kernels/int4_mma.cl) take int4 matmuls of at least MMA_MIN_N tokens where the runtime
-# has them (rt.use_mma: NVIDIA's mma.sync). Shape per token count: MT 16-row tiles x NT8 8-token tiles per
-# warp, KW warps splitting k (scripts/sweep_opencl_mma.py on the H200: few tokens want many warps per row
-# tile to keep loads in flight; many tokens want bigger tiles, each weight load feeding more tokens).
+# has them (rt.use_mma: NVIDIA's mma.sync). A shape is MT 16-row tiles x NT8 8-token tiles per warp and KW
+# warps splitting k. From scripts/sweep_opencl_mma.py over Llama-2-7B's matmuls on the H200 (docs/opencl.md):
+# what matters most is enough warps in flight, so KW grows until the launch has MMA_WARPS_PER_CU warps per
+# compute unit; bigger tiles (MT = NT8 = 4: each load feeds more products) pay once there are many tokens.
 MMA_MIN_N = 2
-MMA_SHAPES = (  # (up to n tokens, shape)
-    (8, {"MT": 2, "NT8": 1, "KW": 8}),
-    (16, {"MT": 2, "NT8": 2, "KW": 8}),
-    (64, {"MT": 2, "NT8": 4, "KW": 4}),
-    (None, {"MT": 4, "NT8": 4, "KW": 2}),
-)
+MMA_WARPS_PER_CU = ((16, 16), (64, 8), (None, 30))  # (up to n tokens, warps per compute unit wanted)
 DENSE_SMALL_N = 4  # the dense GEMV re-reads W per token, so it only pays for very small batches
 # The GEMV's shape (docs/opencl.md): RW row lanes x KS k-splits, CR columns per thread, UC chunks in flight,
 # XS shared chunk sums, QX quantized activations with integer dot products (on by default where native).
@@ -297,28 +293,47 @@ def mma_overrides() -> dict[str, int]:
     for item in filter(None, os.environ.get("PERFX_OPENCL_MMA_SHAPE", "").split(",")):
         key, _, value = item.partition("=")
         key = key.strip()
-        if key not in MMA_SHAPES[0][1] or value.strip() not in ("1", "2", "4", "8", "16"):
+        if key not in ("MT", "NT8", "KW") or value.strip() not in ("1", "2", "4", "8", "16"):
             raise InvalidArgumentError(
-                f"PERFX_OPENCL_MMA_SHAPE: {item!r} is not KEY=N with KEY one of "
-                f"{', '.join(MMA_SHAPES[0][1])} and N 1, 2, 4, 8 or 16"
+                f"PERFX_OPENCL_MMA_SHAPE: {item!r} is not KEY=N with KEY one of MT, NT8, KW and N 1, 2, 4, 8 or 16"
             )
         overrides[key] = int(value)
     return overrides
 
 
-def _mma_config(n: int, k: int) -> dict[str, int]:
-    config = next(dict(shape) for limit, shape in MMA_SHAPES if limit is None or n <= limit)
-    config.update(mma_overrides())
-    while (k // 32) % config["KW"]:  # each warp takes an equal run of the chunks
-        config["KW"] //= 2
-    return config
+def _mma_config(rt, n: int, rows: int, k: int, silu: bool = False) -> dict[str, int]:
+    """The mma kernel's shape for n tokens of a rows x k matmul (module comment above), then overrides. With
+    ``silu`` each row tile comes with its up tile, so MT is halved: the same work per warp as a plain matmul
+    over both halves."""
+    m = 2 * rows if silu else rows
+    if n <= 16:
+        config = {"MT": 2, "NT8": 1 if n <= 8 else 2}
+    else:
+        config = {"MT": 4 if n > 32 or m >= 16384 else 2, "NT8": 4}
+    if silu:
+        config["MT"] = max(1, config["MT"] // 2)
+    overrides = mma_overrides()
+    config.update({key: overrides[key] for key in ("MT", "NT8") if key in overrides})
+    chunks, max_kw = k // 32, 16 if n <= 16 else 8
+    if "KW" in overrides:
+        kw = overrides["KW"]
+    else:
+        per_cu = next(want for limit, want in MMA_WARPS_PER_CU if limit is None or n <= limit)
+        tiles = -(-rows // (16 * config["MT"])) * -(-n // (8 * config["NT8"]))
+        target = per_cu * rt.device.details.get("compute_units", 1)
+        kw = 1
+        while kw < max_kw and tiles * kw < target and chunks % (2 * kw) == 0:
+            kw *= 2
+    while chunks % kw:  # each warp takes an equal run of the chunks
+        kw //= 2
+    return {**config, "KW": kw}
 
 
 def _int4_mma(rt, x, w, out, silu=False):
     """out = x @ W.T (``silu``: silu(x @ W_gate.T) * (x @ W_up.T)) on the matrix units, any number of tokens."""
     n, rows = out.shape
     k = w.shape[1]
-    config = _mma_config(n, k)
+    config = _mma_config(rt, n, rows, k, silu)
     kernel = rt.kernel("int4_mma", "int4_mma", SILU=silu, X_UNALIGNED=x.offset % 4 != 0, **config)
     rt.launch(
         kernel,
