@@ -285,10 +285,13 @@ class LlamaModel:
             self.prefill([0] * length, slot=0)
         batches = {*range(1, min(self.n_slots, 32) + 1), *(1 << p for p in range(self.n_slots.bit_length()))}
         batches = sorted(b for b in batches | {self.n_slots} if b <= self.n_slots)
-        # One position per signature (backends split attention in power-of-two partition counts), as many as
-        # fit half the graph store (the rest is for prompts and what the warm-up cannot foresee).
+        # One position per signature (backends round attention partition counts to powers of two or 1.5 times
+        # them, so the bounds of those buckets meet every signature), as many as fit half the graph store (the
+        # rest is for prompts and what the warm-up cannot foresee).
         positions: dict = {}
-        for p in sorted({0, self.max_seq_len - 1, *((1 << i) - 1 for i in range(self.max_seq_len.bit_length()))}):
+        bounds = {(1 << i) - 1 for i in range(self.max_seq_len.bit_length())}  # last positions of power-of-two
+        bounds |= {3 * (1 << i) - 1 for i in range(self.max_seq_len.bit_length())}  # and 1.5x power-of-two buckets
+        for p in sorted({0, self.max_seq_len - 1, *(b for b in bounds if b < self.max_seq_len)}):
             positions.setdefault(self.rt.graph_signature(np.array([p], dtype=np.int32)), p)
         picks = ({}, {"argmax": True}, {"sampling": engine_params(1.0, 0.0, 0, 0)[None, :]})
         budget = max(1, MAX_GRAPHS // 2 // (len(batches) * len(picks)))

@@ -507,10 +507,15 @@ def _attention(rt, qkv, cache, layer, slots, positions, rope, spec, out):
 
 
 def _partitions(last_position: int, part: int) -> int:
-    """Attention partitions of ``part`` positions for rows up to ``last_position``, rounded up to a power of two:
-    the extra ones are empty (the kernels skip them), and a step's recorded graph then serves every length up
-    to the next power of two instead of one per partition count."""
-    return 1 << ((last_position + part) // part - 1).bit_length()
+    """Attention partitions of ``part`` positions for rows up to ``last_position``, rounded up to 1, 2, 3, 4, 6,
+    8, 12, 16, ... (powers of two and 1.5 times them): the extra ones are empty, and a step's recorded graph
+    then serves a range of lengths instead of one per partition count, with at most a third more work-groups
+    (plain powers of two doubled them: 16 instead of 9 at 520 positions cost ~8% of decode on the H200)."""
+    needed = (last_position + part) // part
+    if needed <= 2:
+        return needed
+    power = 1 << (needed - 1).bit_length()
+    return power * 3 // 4 if power * 3 // 4 >= needed else power
 
 
 def decode_signature(positions) -> tuple[int, int]:
