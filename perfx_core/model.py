@@ -6,6 +6,7 @@ so one model serves one chat (slot 0) or a batch of requests (one slot each).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,10 @@ MAX_GRAPHS = 512  # recorded steps kept (decode batch sizes x picks and prefill 
 # one graph (a chunk recorded once per length would rarely be replayed). The padding rows are harmless:
 # rows never see later positions, and the cache positions they fill are written again before being read.
 PREFILL_GRAPH_ROUNDING = 16
+# A mixed step (decode rows plus a prompt chunk, LlamaModel.decode(prompt=...)) takes at most this many prompt
+# rows: its logits come out for every prompt row (so the recording does not depend on where the chunk's last
+# real token is), into buffers of n_slots + this many rows made on the first mixed step.
+MIXED_PROMPT_ROWS = 64
 
 
 class LlamaModel:
@@ -97,8 +102,8 @@ class LlamaModel:
             "qkv": rt.empty((max_tokens, self.attention.qkv_dim)),
             "attn": rt.empty((max_tokens, c.q_dim)),
             "ffn": rt.empty((max_tokens, c.ffn_dim)),
-            "logits": rt.empty((max(self.n_slots, 1), c.vocab_size)),
-            "argmax": rt.empty((max(self.n_slots, 1),), np.int32),  # ids picked on the device (argmax, sample)
+            "logits": rt.empty((self.n_slots, c.vocab_size)),
+            "argmax": rt.empty((self.n_slots,), np.int32),  # ids picked on the device (argmax, sample)
         }
 
     def _rows(self, name: str, start: int, n: int) -> Any:
@@ -150,33 +155,41 @@ class LlamaModel:
             return np.concatenate(rows)
         return self._logits(self._rows("h", len(chunk) - 1, 1), 1)[0]
 
-    def _queue_prefill_chunk(self, chunk: np.ndarray, slot: int, pos: int, recorded: bool) -> Any:
-        """Queue the forward of one prompt chunk at positions pos.. of ``slot``; returns its hidden rows. On a
-        runtime that captures graphs (and with ``recorded``) the chunk is padded (PREFILL_GRAPH_ROUNDING) and
-        replayed from a recording, as decode steps are: a prompt then costs one enqueue per kernel instead of
-        the ops' Python work, which is most of a short prompt's time on a fast GPU."""
-        rt, ops, n = self.rt, self.rt.ops, len(chunk)
-        signature = None
-        if recorded and ops.profile is None:
-            padded = min(
-                -(-n // PREFILL_GRAPH_ROUNDING) * PREFILL_GRAPH_ROUNDING, self.max_tokens, self.max_seq_len - pos
-            )
-            signature = rt.graph_signature(np.array([pos + padded - 1], dtype=np.int32))
+    def _prompt_rows(self, chunk: np.ndarray, pos: int, room: int, recorded: bool) -> tuple[np.ndarray, Any]:
+        """The rows a prompt chunk at positions pos.. takes in a step, and the step's graph signature (None: not
+        recorded). On a runtime that captures graphs (and with ``recorded``) the chunk is padded to a multiple
+        of PREFILL_GRAPH_ROUNDING tokens (at most ``room`` rows and the context), so prompts of nearby lengths
+        replay one recording."""
+        if not recorded or self.rt.ops.profile is not None:  # profiling needs the ops' calls
+            return chunk, None
+        n = len(chunk)
+        padded = min(-(-n // PREFILL_GRAPH_ROUNDING) * PREFILL_GRAPH_ROUNDING, room, self.max_seq_len - pos)
+        signature = self.rt.graph_signature(np.array([pos + padded - 1], dtype=np.int32))
         if signature is not None and padded > n:
             chunk = np.concatenate([chunk, np.zeros(padded - n, dtype=chunk.dtype)])  # token 0: any valid id
+        return chunk, signature
+
+    def _prompt_inputs(self, chunk: np.ndarray, slot: int, pos: int) -> dict[str, np.ndarray]:
+        """The index uploads of a prompt chunk's attention (the names the backends' attention_prefill uses)."""
         t = len(chunk)
+        return {"prompt_slots": np.full(t, slot, np.int32), "prompt_positions": np.arange(pos, pos + t, dtype=np.int32)}
+
+    def _queue_prefill_chunk(self, chunk: np.ndarray, slot: int, pos: int, recorded: bool) -> Any:
+        """Queue the forward of one prompt chunk at positions pos.. of ``slot``; returns its hidden rows. Where
+        graphs are captured it is replayed from a recording, as decode steps are: a prompt then costs one
+        enqueue per kernel instead of the ops' Python work, which is most of a short prompt's time on a GPU."""
+        n = len(chunk)
+        rows, signature = self._prompt_rows(chunk, pos, self.max_tokens, recorded)
+        ops = self.rt.ops
 
         def queue_step() -> None:
             def attend(qkv: Any, layer: int, out: Any) -> None:
                 ops.attention_prefill(qkv, self.cache, layer, slot, pos, self.rope, self.attention, out)
 
-            self._forward(chunk, attend)
+            self._forward(rows, attend)
 
-        key = None if signature is None else ("prefill", t, signature)
-        positions = np.arange(pos, pos + t, dtype=np.int32)
-        self._queue_recorded(
-            key, {"ids": chunk, "slots": np.full(t, slot, np.int32), "positions": positions}, queue_step
-        )
+        key = None if signature is None else ("prefill", len(rows), signature)
+        self._queue_recorded(key, {"ids": rows, **self._prompt_inputs(rows, slot, pos)}, queue_step)
         return self._rows("h", 0, n)
 
     def _all_logits(self, h: Any, n: int) -> np.ndarray:
@@ -198,11 +211,17 @@ class LlamaModel:
         *,
         argmax: bool = False,
         sampling: np.ndarray | None = None,
+        prompt: tuple[Sequence[int], int, int] | None = None,
     ) -> np.ndarray:
         """One new token per sequence: token b goes to ``slots[b]`` at ``positions[b]``. Returns the (B, vocab)
         logits; with ``argmax`` the (B,) int32 index of each row's largest logit (first on ties); with
         ``sampling`` ((B, 4) int32 rows of Sampler.engine_row) the (B,) ids the ``sample`` op draws. Both are
-        picked on the device when the backend implements that op, else on the host from the logits."""
+        picked on the device when the backend implements that op, else on the host from the logits.
+
+        ``prompt`` = (ids, slot, start) also runs that chunk of a prompt into another slot in the same forward
+        pass (a mixed step: the sequences decoding wait for one pass instead of a prefill and then a decode,
+        and the weights are read once for both). One more row then comes back, last: the chunk's last token,
+        picked like the others (``sampling`` has B + 1 rows)."""
         ids = self._check_ids(tokens)
         slots_arr = np.asarray(slots, dtype=np.int32)
         pos_arr = np.asarray(positions, dtype=np.int32)
@@ -217,39 +236,85 @@ class LlamaModel:
             self._check_slot(slot)
         if pos_arr.min() < 0 or pos_arr.max() >= self.max_seq_len:
             raise ContextLengthError(int(pos_arr.max()) + 1, 0, self.max_seq_len)
+        n = len(ids)
+        if prompt is not None:
+            prompt_ids, prompt_slot, prompt_start = self._check_ids(prompt[0]), int(prompt[1]), int(prompt[2])
+            self._check_slot(prompt_slot)
+            if prompt_slot in slots_arr.tolist():
+                raise InvalidArgumentError(f"decode: the prompt's slot {prompt_slot} is also decoding in this step")
+            room = self.mixed_prompt_room(n)
+            if not 1 <= len(prompt_ids) <= room:
+                raise InvalidArgumentError(f"decode: a prompt chunk next to {n} decode rows takes 1..{room} tokens")
+            if prompt_start < 0 or prompt_start + len(prompt_ids) > self.max_seq_len:
+                raise ContextLengthError(prompt_start + len(prompt_ids), 0, self.max_seq_len)
+        rows_out = n + (prompt is not None)
         if sampling is not None:
             sampling = np.ascontiguousarray(sampling, dtype=np.int32)
-            if argmax or sampling.shape != (len(ids), 4):
-                raise InvalidArgumentError(f"decode: sampling must be ({len(ids)}, 4) int32 rows, without argmax")
-        ops, rt, n = self.rt.ops, self.rt, len(ids)
-        logits = self._rows("logits", 0, n)
+            if argmax or sampling.shape != (rows_out, 4):
+                raise InvalidArgumentError(f"decode: sampling must be ({rows_out}, 4) int32 rows, without argmax")
+        ops, rt = self.rt.ops, self.rt
+        # Not while the ops are being profiled: that needs the calls.
+        signature = rt.graph_signature(pos_arr) if ops.profile is None else None
+        inputs = {"ids": ids, "slots": slots_arr, "positions": pos_arr}
+        prompt_rows, rows, last = None, n, n - 1  # rows of the step; the last row picked
+        if prompt is not None:
+            prompt_rows, prompt_signature = self._prompt_rows(prompt_ids, prompt_start, room, signature is not None)
+            rows, last = n + len(prompt_rows), n + len(prompt_ids) - 1
+            if prompt_signature is not None:  # both parts' positions decide the launches
+                signature = rt.graph_signature(np.array([pos_arr.max(), prompt_start + len(prompt_rows) - 1]))
+            inputs["ids"] = np.concatenate([ids, prompt_rows])
+            inputs.update(self._prompt_inputs(prompt_rows, prompt_slot, prompt_start))
+            if sampling is not None:  # the prompt's row for each of its rows; the chunk's last real one is used
+                sampling = np.concatenate([sampling[:n], np.repeat(sampling[n:], len(prompt_rows), axis=0)])
+        if prompt is not None and "mixed_logits" not in self._buffers:
+            self._buffers["mixed_logits"] = rt.empty((self.n_slots + MIXED_PROMPT_ROWS, self.config.vocab_size))
+            self._buffers["mixed_argmax"] = rt.empty((self.n_slots + MIXED_PROMPT_ROWS,), np.int32)
+        prefix = "" if prompt is None else "mixed_"
+        logits = self._rows(prefix + "logits", 0, rows)
         pick = "argmax" if argmax else "sample" if sampling is not None else None
         on_device = pick is not None and not ops.sources[pick].startswith("perfx_core:")  # else from the logits
-        result = rt.view(self._buffers["argmax"], 0, (n,)) if on_device else logits
+        result = rt.view(self._buffers[prefix + "argmax"], 0, (rows,)) if on_device else logits
 
         def queue_step() -> None:
             def attend(qkv: Any, layer: int, out: Any) -> None:
-                ops.attention_decode(qkv, self.cache, layer, slots_arr, pos_arr, self.rope, self.attention, out)
+                decode_qkv, decode_out = rt.view(qkv, 0, (n, qkv.shape[1])), rt.view(out, 0, (n, out.shape[1]))
+                ops.attention_decode(
+                    decode_qkv, self.cache, layer, slots_arr, pos_arr, self.rope, self.attention, decode_out
+                )
+                if prompt_rows is not None:  # rows n.. are the prompt chunk's
+                    t = len(prompt_rows)
+                    prompt_qkv = rt.view(qkv, n * qkv.shape[1], (t, qkv.shape[1]))
+                    prompt_out = rt.view(out, n * out.shape[1], (t, out.shape[1]))
+                    ops.attention_prefill(
+                        prompt_qkv, self.cache, layer, prompt_slot, prompt_start, self.rope, self.attention, prompt_out
+                    )
 
-            ops.logits(self._forward(ids, attend), self.output, logits)
+            ops.logits(self._forward(inputs["ids"], attend), self.output, logits)
             if on_device and pick == "argmax":
                 ops.argmax(logits, result)
             elif on_device:
                 ops.sample(logits, sampling, result)
 
-        # Not while the ops are being profiled: that needs the calls.
-        signature = rt.graph_signature(pos_arr) if ops.profile is None else None
-        key = None if signature is None else (n, signature, pick if on_device else None)
-        inputs = {"ids": ids, "slots": slots_arr, "positions": pos_arr}
+        shape = n if prompt is None else ("mixed", n, len(prompt_rows))
+        key = None if signature is None else (shape, signature, pick if on_device else None)
         if on_device and pick == "sample":
             inputs["sampling"] = sampling
         self._queue_recorded(key, inputs, queue_step)
-        values = rt.to_numpy(result)
+        # Rows 0..n-1, then the prompt chunk's last real token (only those cross to the host).
+        picked = [rt.view(result, 0, (n, *result.shape[1:]))]
+        if prompt is not None:
+            picked.append(rt.view(result, last * math.prod(result.shape[1:]), (1, *result.shape[1:])))
+        values = np.concatenate([rt.to_numpy(part) for part in picked])
         if pick is None or on_device:
             return values
+        chosen = np.concatenate([np.arange(n), [last]]) if prompt is not None else np.arange(n)
         if pick == "argmax":
             return np.argmax(values, axis=1).astype(np.int32)
-        return np.array([engine_draw(values[i], sampling[i]) for i in range(n)], dtype=np.int32)
+        return np.array([engine_draw(values[i], sampling[row]) for i, row in enumerate(chosen)], dtype=np.int32)
+
+    def mixed_prompt_room(self, decode_rows: int) -> int:
+        """Prompt tokens a mixed step (``decode(..., prompt=...)``) takes next to ``decode_rows`` decode rows."""
+        return max(0, min(MIXED_PROMPT_ROWS, self.max_tokens - decode_rows))
 
     def _queue_recorded(self, key: Any, inputs: dict[str, np.ndarray], queue_step: Callable[[], None]) -> None:
         """Queue a step: a runtime that captures graphs replays the step recorded under ``key`` with new index
@@ -272,14 +337,16 @@ class LlamaModel:
                 self._graphs.pop(next(iter(self._graphs)))  # the oldest
             self._graphs[key] = graph
 
-    def warm_up(self) -> None:
+    def warm_up(self, mixed_steps: bool = False) -> None:
         """Run the kernel variants a server uses once, so compiling them (an OpenCL build takes ~0.3 s) and
         recording their graphs happen now, not in the middle of serving requests: prefills of a full chunk and
         of 2, 3, 5, 9 and 17 tokens (one per token-count class of the matmul kernels), then decode at every
         batch size up to 32 and at powers of two beyond, up to n_slots, at a position of each graph signature
         the context can reach, each picking its tokens the three ways a server asks for (logits back, argmax,
-        sampling): every such triple is its own recorded step. The slots' cache contents are garbage
-        afterwards, which is harmless: a sequence writes every position before it attends to it."""
+        sampling): every such triple is its own recorded step; with ``mixed_steps``, where steps are recorded,
+        also mixed steps (decode rows + a prompt chunk of 16 rows) at each batch size and signature. The slots'
+        cache contents are garbage afterwards, which is harmless: a sequence writes every position before it
+        attends to it."""
         chunk = min(self.prefill_chunk, self.max_seq_len)
         for length in sorted({chunk, *(n for n in (2, 3, 5, 9, 17) if n <= chunk)}):  # each token-count class
             self.prefill([0] * length, slot=0)
@@ -301,6 +368,18 @@ class LlamaModel:
                     if "sampling" in pick:
                         pick = {"sampling": np.repeat(pick["sampling"], batch, axis=0)}
                     self.decode([0] * batch, list(range(batch)), [position] * batch, **pick)
+        if not mixed_steps or None in positions:  # (None: nothing is recorded here; the kernels are built)
+            return
+        # Mixed steps: a prompt chunk of up to 16 tokens (one padded size) next to each batch size.
+        mixed_batches = [b for b in batches if b < self.n_slots and self.mixed_prompt_room(b) >= 16]
+        budget = max(1, MAX_GRAPHS // 4 // max(1, len(mixed_batches) * len(picks)))
+        for position in sorted(positions.values())[:budget]:
+            for batch in mixed_batches:
+                for pick in picks:
+                    if "sampling" in pick:
+                        pick = {"sampling": np.repeat(pick["sampling"], batch + 1, axis=0)}
+                    prompt = ([0] * 16, batch, min(position, self.max_seq_len - 16))
+                    self.decode([0] * batch, list(range(batch)), [position] * batch, prompt=prompt, **pick)
 
     def _check_ids(self, tokens: Sequence[int]) -> np.ndarray:
         ids = np.asarray(tokens, dtype=np.int64)

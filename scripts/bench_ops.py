@@ -169,7 +169,6 @@ def main() -> None:
     args = parser.parse_args()
     device = int(args.device) if args.device and args.device.isdigit() else args.device
     rt = get_registry().open_runtime(args.backend, device)
-    rng = np.random.default_rng(0)
     report: dict = {"backend": args.backend, "device": rt.device.name, "ops": dict(rt.ops.sources)}
     report["copy_GB/s"] = copy_bandwidth(rt)
     tiny_in, tiny_out = rt.from_numpy(np.ones((1, 2), np.float32)), rt.empty((1, 1))
@@ -183,7 +182,16 @@ def main() -> None:
     if args.e2e_only:
         report["end_to_end"] = end_to_end(rt, args.quick, args.kv_dtype)
         print(json.dumps(report["end_to_end"]), flush=True)
-        return
+    else:
+        run_sweeps(rt, report, args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+
+
+def run_sweeps(rt, report: dict, args: argparse.Namespace) -> None:
+    """The matmul sweep and layer shapes, then (unless --skip-e2e) the model run, into ``report``."""
+    rng = np.random.default_rng(0)
     sweep_n = SWEEP_N[:4] if args.quick else SWEEP_N
     report["sweep"] = [matmul_case(rt, SWEEP_M, SWEEP_K, n, rng) for n in sweep_n]
     report["layers_n1"] = [dict(matmul_case(rt, m, k, 1, rng), name=name) for name, m, k in LAYER_SHAPES]
@@ -197,9 +205,6 @@ def main() -> None:
     if not args.skip_e2e:
         report["end_to_end"] = end_to_end(rt, args.quick, args.kv_dtype)
         print(json.dumps(report["end_to_end"]), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
 
 
 if __name__ == "__main__":

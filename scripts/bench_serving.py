@@ -154,17 +154,19 @@ def engine_seconds(url: str, headers: dict) -> dict[str, float]:
 
 
 def step_summary(before: dict[str, float], after: dict[str, float], wall: float) -> dict:
-    """Engine busy share per step kind over a level, and its steps: count, mean milliseconds, mean batch."""
+    """Engine busy share per step kind over a level (decode, mixed: decode rows + a prompt chunk, prefill), and
+    its steps: count, mean milliseconds; the mean number of decode rows per decode or mixed step."""
     delta = {key: after[key] - before.get(key, 0.0) for key in after}
     summary: dict = {"engine_busy": {}, "steps": {}}
-    for kind in ("decode", "prefill"):
+    for kind in ("decode", "mixed", "prefill"):
         if kind in delta:
             summary["engine_busy"][kind] = round(delta[kind] / wall, 3)
             count = delta.get(kind + "_steps", 0)
             if count:
                 summary["steps"][kind] = {"count": int(count), "mean_ms": round(1e3 * delta[kind] / count, 2)}
-    if summary["steps"].get("decode") and "decode_rows" in delta:
-        summary["steps"]["decode"]["mean_batch"] = round(delta["decode_rows"] / summary["steps"]["decode"]["count"], 2)
+    batched = sum(summary["steps"].get(kind, {}).get("count", 0) for kind in ("decode", "mixed"))
+    if batched and "decode_rows" in delta:
+        summary["decode_rows_per_step"] = round(delta["decode_rows"] / batched, 2)
     return summary
 
 
@@ -195,6 +197,8 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     ]
     if args.model:
         command.insert(3, args.model)
+    if args.mixed_steps:
+        command.append("--mixed-steps")
     env = {k: v for k, v in os.environ.items() if k != "PERFX_API_KEY"}
     process = subprocess.Popen(command, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -219,6 +223,7 @@ def main() -> int:
     parser.add_argument("--model", help="model for the server this script starts")
     parser.add_argument("--backend", default="numpy")
     parser.add_argument("--max-running", type=int, default=16, help="--max-running of the started server")
+    parser.add_argument("--mixed-steps", action="store_true", help="--mixed-steps of the started server")
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--concurrency", default="1,4,16,64", help="comma-separated levels")
     parser.add_argument("--requests", type=int, help="requests per level (default: max(4, 2 x concurrency))")
@@ -274,13 +279,11 @@ def main() -> int:
         )
         steps = r["steps"]
         if steps:
+            rows = f" (mean decode rows per step {r['decode_rows_per_step']})" if "decode_rows_per_step" in r else ""
             print(
                 "      steps: "
-                + ", ".join(
-                    f"{kind} {v['count']} x {v['mean_ms']} ms"
-                    + (f" (mean batch {v['mean_batch']})" if "mean_batch" in v else "")
-                    for kind, v in sorted(steps.items())
-                )
+                + ", ".join(f"{kind} {v['count']} x {v['mean_ms']} ms" for kind, v in sorted(steps.items()))
+                + rows
             )
         for error in r["errors"]:
             print(f"      error: {error}")

@@ -153,3 +153,65 @@ def test_decode_continues_prefill_exactly(smollm2):
     for i in range(20, 24):
         step = engine.decode([ids[i]], [0], [i])[0]
         np.testing.assert_allclose(step, teacher[i], rtol=1e-4, atol=1e-3)
+
+
+def _mixed_step_model(backend: str, smollm2_path):
+    from perfx_core.gguf_loader import load_llama_gguf
+    from perfx_core.model import LlamaModel
+    from perfx_core.plugins import get_registry
+
+    config, weights, _ = load_llama_gguf(smollm2_path)
+    try:
+        rt = get_registry().open_runtime(backend)
+    except Exception as exc:  # OpenCL absent on this machine (CI has PoCL)
+        pytest.skip(f"{backend}: {exc}")
+    return LlamaModel(config, weights, rt, n_slots=3, max_seq_len=128, prefill_chunk=32)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "opencl"])
+def test_a_mixed_step_equals_a_prefill_then_a_decode(backend, smollm2_path):
+    """decode(..., prompt=chunk) runs a prompt chunk in the decode step's forward pass: the decode rows, the
+    chunk's last-token row and every later step match a separate prefill and decode (the cache is the same)."""
+    from perfx_core.errors import InvalidArgumentError
+    from perfx_core.sampling import engine_params
+
+    model = _mixed_step_model(backend, smollm2_path)
+    prompts = ([1, 504, 3458, 282], [1, 7, 88, 912, 34, 2001, 5], [1, 330, 41, 9, 77, 1200, 18, 6, 4000])
+    try:
+        runs = []
+        for mixed in (False, True):
+            for slot in (0, 1):
+                model.prefill(prompts[slot], slot=slot)
+            tokens, positions = [11, 12], [len(prompts[0]), len(prompts[1])]
+            if mixed:
+                both = model.decode(tokens, [0, 1], positions, prompt=(prompts[2][:5], 2, 0))
+                rest = model.decode(tokens[:1], [0], [positions[0] + 1], prompt=(prompts[2][5:], 2, 5))
+                rows, prompt_last = both[:2], rest[1]
+            else:
+                model.prefill(prompts[2][:5], slot=2)
+                prompt_last = model.prefill(prompts[2][5:], slot=2, start=5)
+                rows = model.decode(tokens, [0, 1], positions)
+                model.decode(tokens[:1], [0], [positions[0] + 1])
+            after = model.decode([13, 14, 15], [0, 1, 2], [positions[0] + 2, positions[1] + 1, len(prompts[2])])
+            picks = model.decode(
+                [13, 14], [0, 1], [positions[0] + 3, positions[1] + 2], prompt=([5, 6], 2, 9), argmax=True
+            )
+            draws = model.decode(
+                [13],
+                [0],
+                [positions[0] + 4],
+                prompt=([7], 2, 11),
+                sampling=np.stack([engine_params(0.8, 0.0, 3, 0)] * 2),
+            )
+            runs.append((rows, prompt_last, after, picks, draws))
+        for separate, mixed in zip(*runs, strict=True):
+            np.testing.assert_allclose(mixed, separate, rtol=2e-3, atol=2e-3)
+        assert runs[1][3].shape == (3,) and runs[1][4].shape == (2,)
+        with pytest.raises(InvalidArgumentError, match="also decoding"):
+            model.decode([1], [0], [20], prompt=([1, 2], 0, 30))
+        with pytest.raises(InvalidArgumentError, match="takes 1.."):
+            model.decode([1], [0], [20], prompt=([1] * 65, 1, 0))
+        with pytest.raises(InvalidArgumentError, match="sampling must be"):
+            model.decode([1], [0], [20], prompt=([1], 1, 0), sampling=np.stack([engine_params(1.0, 0.0, 0, 0)]))
+    finally:
+        model.close()

@@ -604,3 +604,65 @@ def test_tiled_prefill_attention_with_small_tiles_conforms(registry, monkeypatch
     monkeypatch.setattr(ops, "_prefill_tile", lambda rt, hd: tiles.append(hd) or 8)
     assert_backend_conforms("opencl", ops=["attention_prefill"])
     assert tiles and 256 in tiles
+
+
+def test_recorded_mixed_steps_replay_exactly(registry, smollm2_path, monkeypatch):
+    """Mixed steps (decode rows + a prompt chunk) of 3, 7 and 12 prompt tokens share one recording (padded to
+    16 rows): a run that records then replays equals a run that only replays, and both match running every
+    op unpadded (to float rounding: the padded matmuls sum in another order)."""
+    from perfx_core.gguf_loader import load_llama_gguf
+    from perfx_core.model import LlamaModel
+
+    config, weights, _ = load_llama_gguf(smollm2_path)
+    rt = registry.open_runtime("opencl")
+    try:
+        model = LlamaModel(config, weights, rt, n_slots=2, max_seq_len=96, prefill_chunk=32)
+
+        def run(graphs: str, clear: bool = True) -> list[np.ndarray]:
+            monkeypatch.setenv("PERFX_OPENCL_GRAPHS", graphs)
+            if clear:
+                model._graphs.clear()
+            model.prefill([1, 504, 3458], slot=0)
+            out, start, position = [], 0, 3
+            for length in (3, 7, 12):
+                chunk = [100 + i for i in range(length)]
+                out.append(model.decode([9], [0], [position], prompt=(chunk, 1, start), argmax=True))
+                out.append(model.decode([9], [0], [position + 1], prompt=(chunk[:2], 1, start + length)))
+                start, position = start + length + 2, position + 2
+            return out
+
+        plain = run("0")
+        replays = []
+        replay = rt.replay
+        monkeypatch.setattr(rt, "replay", lambda graph, inputs: (replays.append(graph), replay(graph, inputs)))
+        recorded = run("1")
+        assert len(replays) == 6 - 2  # one recording per pick (argmax, logits back) of 1 decode + 16 prompt rows
+        replayed = run("1", clear=False)
+        assert len(replays) == 4 + 1 + 6  # the prompt and every step
+        for a, b, c in zip(plain, recorded, replayed, strict=True):
+            np.testing.assert_array_equal(b, c)
+            np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
+    finally:
+        rt.close()
+
+
+def test_warm_up_for_mixed_steps_records_them(registry, smollm2_path, monkeypatch):
+    """warm_up(mixed_steps=True) also records decode + 16-row prompt steps, so a server's mixed step with a
+    short prompt chunk replays instead of recording while others wait."""
+    from perfx_core.gguf_loader import load_llama_gguf
+    from perfx_core.model import LlamaModel
+
+    config, weights, _ = load_llama_gguf(smollm2_path)
+    rt = registry.open_runtime("opencl")
+    try:
+        model = LlamaModel(config, weights, rt, n_slots=3, max_seq_len=100, prefill_chunk=32)
+        model.warm_up(mixed_steps=True)
+        assert {key[0] for key in model._graphs if isinstance(key[0], tuple)} == {("mixed", 1, 16), ("mixed", 2, 16)}
+        replays = []
+        replay = rt.replay
+        monkeypatch.setattr(rt, "replay", lambda graph, inputs: (replays.append(graph), replay(graph, inputs)))
+        before = len(model._graphs)
+        model.decode([5, 6], [0, 1], [70, 3], prompt=([1, 2, 3, 4, 5], 2, 0), argmax=True)
+        assert len(replays) == 1 and len(model._graphs) == before
+    finally:
+        rt.close()

@@ -327,6 +327,44 @@ def test_client_disconnect_cancels_and_frees_the_slot(server):
     assert server.metrics()['perfx_requests_finished_total{finish_reason="cancelled"}'] == 1
 
 
+def test_mixed_steps_give_the_greedy_text(greedy):
+    """With --mixed-steps the prompts of requests arriving while another decodes ride in its decode steps
+    (metric kind "mixed"), and every request still gets generate()'s greedy text."""
+    server = Server("--max-running", "3", "--mixed-steps").wait_ready()
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    try:
+        first = client.completions.create(
+            model="SmolLM2-135M-Instruct.Q4_1",
+            prompt=PROMPT,
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        next(iter(first))  # decoding now: the next prompts join its steps
+        texts: dict[int, str] = {}
+
+        def run(i: int) -> None:
+            texts[i] = (
+                client.completions.create(
+                    model="SmolLM2-135M-Instruct.Q4_1", prompt=PROMPT, max_tokens=GREEDY_TOKENS, temperature=0
+                )
+                .choices[0]
+                .text
+            )
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        list(first)
+        assert texts == {0: greedy["completion"], 1: greedy["completion"]}
+        assert server.metrics()['perfx_engine_step_seconds_count{kind="mixed"}'] >= 1
+    finally:
+        server.stop()
+
+
 def test_full_queue_is_429():
     server = Server("--max-running", "1", "--max-queue", "1").wait_ready()
     opened = []

@@ -34,12 +34,20 @@ class FakeEngine:
         self.calls.append(("prefill", slot, start, len(tokens)))
         return self._logits(1)[0]
 
-    def decode(self, tokens, slots, positions, argmax=False, sampling=None):
-        """LlamaModel.decode's contract: logits, or the picked ids (argmax, or sampling rows' draws)."""
-        self.calls.append(("decode", tuple(slots), tuple(positions)))
-        logits = self._logits(len(tokens))
+    def mixed_prompt_room(self, decode_rows: int) -> int:
+        return 4
+
+    def decode(self, tokens, slots, positions, argmax=False, sampling=None, prompt=None):
+        """LlamaModel.decode's contract: logits, or the picked ids (argmax, or sampling rows' draws); with a
+        prompt chunk one more row, last."""
+        if prompt is None:
+            self.calls.append(("decode", tuple(slots), tuple(positions)))
+        else:
+            self.calls.append(("mixed", tuple(slots), tuple(positions), prompt[1], prompt[2], len(prompt[0])))
+        rows = len(tokens) + (prompt is not None)
+        logits = self._logits(rows)
         if sampling is not None:
-            return np.array([engine_draw(logits[i], sampling[i]) for i in range(len(tokens))], dtype=np.int32)
+            return np.array([engine_draw(logits[i], sampling[i]) for i in range(rows)], dtype=np.int32)
         return np.argmax(logits, axis=1).astype(np.int32) if argmax else logits
 
 
@@ -67,9 +75,10 @@ def _request(prompt_len: int, max_tokens: int, collector: Collector) -> Generati
     return GenerationRequest([1] * prompt_len, max_tokens, SamplingParams(temperature=0), collector)
 
 
-def test_long_prompt_is_prefilled_in_chunks_between_decode_steps():
+@pytest.mark.parametrize("mixed", [False, True])
+def test_long_prompt_is_prefilled_in_chunks_between_decode_steps(mixed):
     engine = FakeEngine(n_slots=2)
-    scheduler = Scheduler(engine, FakeTokenizer(), max_queue=4, prefill_chunk=4)
+    scheduler = Scheduler(engine, FakeTokenizer(), max_queue=4, prefill_chunk=4, mixed_steps=mixed)
     short, long = Collector(), Collector()
     scheduler.submit(_request(3, 12, short))
     scheduler.submit(_request(10, 3, long))
@@ -78,16 +87,26 @@ def test_long_prompt_is_prefilled_in_chunks_between_decode_steps():
         assert short.done.wait(10) and long.done.wait(10)
     finally:
         scheduler.stop()
-    assert engine.calls[:7] == [
-        ("prefill", 0, 0, 3),
-        ("decode", (0,), (3,)),
-        ("prefill", 1, 0, 4),  # the long prompt, one chunk per iteration ...
-        ("decode", (0,), (4,)),  # ... while the short one keeps generating
-        ("prefill", 1, 4, 4),
-        ("decode", (0,), (5,)),
-        ("prefill", 1, 8, 2),
-    ]
-    assert engine.calls[7] == ("decode", (0, 1), (6, 10))  # then both decode in one batch
+    if mixed:  # each chunk of the long prompt rides in the short one's decode step
+        assert engine.calls[:6] == [
+            ("prefill", 0, 0, 3),  # nothing decodes yet: a prefill alone
+            ("decode", (0,), (3,)),
+            ("mixed", (0,), (4,), 1, 0, 4),
+            ("mixed", (0,), (5,), 1, 4, 4),
+            ("mixed", (0,), (6,), 1, 8, 2),  # its last row is the long request's first token
+            ("decode", (0, 1), (7, 10)),
+        ]
+    else:
+        assert engine.calls[:7] == [
+            ("prefill", 0, 0, 3),
+            ("decode", (0,), (3,)),
+            ("prefill", 1, 0, 4),  # the long prompt, one chunk per iteration ...
+            ("decode", (0,), (4,)),  # ... while the short one keeps generating
+            ("prefill", 1, 4, 4),
+            ("decode", (0,), (5,)),
+            ("prefill", 1, 8, 2),
+        ]
+        assert engine.calls[7] == ("decode", (0, 1), (6, 10))  # then both decode in one batch
     assert scheduler.max_batch_size == 2
     assert short.events[-1] == Finished("length", 3, 12) and long.events[-1] == Finished("length", 10, 3)
     assert "".join(e.text for e in short.events[:-1]) == "f" * 12

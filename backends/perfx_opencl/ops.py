@@ -446,14 +446,16 @@ def silu_mul(rt, gate_up, out):
     rt.launch(rt.kernel("elementwise", "silu_mul"), (_round_up(f, 64), n), None, gate_up, out, f)
 
 
-def _placement(rt, cache, layer, slots, positions, rope, spec) -> tuple:
-    """Where the new rows go and how to read the cache: the leading arguments of every attention kernel."""
+def _placement(rt, cache, layer, slots, positions, rope, spec, keys=("slots", "positions")) -> tuple:
+    """Where the new rows go and how to read the cache: the leading arguments of every attention kernel. The
+    index uploads are named ``keys`` (a prompt's differ from the decode rows' in a mixed step: a recorded step
+    replays each from its own input)."""
     hd, c = spec.head_dim, cache.spec
     if hd % 2 or hd > MAX_HEAD_DIM:
         raise InvalidArgumentError(f"the OpenCL attention kernels take an even head_dim up to {MAX_HEAD_DIM}; got {hd}")
     return (
-        rt.upload_ints("slots", slots),
-        rt.upload_ints("positions", positions),
+        rt.upload_ints(keys[0], slots),
+        rt.upload_ints(keys[1], positions),
         rope.cos,
         rope.sin,
         cache.k.buffer,
@@ -465,11 +467,11 @@ def _placement(rt, cache, layer, slots, positions, rope, spec) -> tuple:
     )
 
 
-def _attention(rt, qkv, cache, layer, slots, positions, rope, spec, out):
+def _attention(rt, qkv, cache, layer, slots, positions, rope, spec, out, keys=("slots", "positions")):
     """Rows r of qkv are new tokens of slot slots[r] at positions[r]: store their k/v, then attend."""
     rows, hd = len(positions), spec.head_dim
     options = {"CACHE_HALF": cache.spec.dtype == "float16"}
-    placement = (*_placement(rt, cache, layer, slots, positions, rope, spec), hd)
+    placement = (*_placement(rt, cache, layer, slots, positions, rope, spec, keys), hd)
     rt.launch(
         rt.kernel("attention", "store_kv", **options),
         (_round_up(hd // 2, 32), spec.n_kv_heads, rows),
@@ -559,26 +561,18 @@ def _prefill_tile(rt, hd: int) -> int:
     raise BackendError(f"the tiled prefill attention does not fit this device's local memory at head_dim {hd}")
 
 
+PROMPT_KEYS = ("prompt_slots", "prompt_positions")  # a prompt chunk's index uploads (LlamaModel's inputs)
+
+
 def attention_prefill(rt, qkv, cache, layer, slot, start, rope, spec, out):
     """store_kv for the T new rows, then the tiled kernel: each tile of K and V is read once per block of rows."""
     t, hd = qkv.shape[0], spec.head_dim
+    slots, positions = np.full(t, slot, np.int32), np.arange(start, start + t, dtype=np.int32)
     if hd % 4:
-        _attention(
-            rt,
-            qkv,
-            cache,
-            layer,
-            np.full(t, slot, np.int32),
-            np.arange(start, start + t, dtype=np.int32),
-            rope,
-            spec,
-            out,
-        )
+        _attention(rt, qkv, cache, layer, slots, positions, rope, spec, out, PROMPT_KEYS)
         return
     options = {"CACHE_HALF": cache.spec.dtype == "float16"}
-    placement = _placement(
-        rt, cache, layer, np.full(t, slot, np.int32), np.arange(start, start + t, dtype=np.int32), rope, spec
-    )
+    placement = _placement(rt, cache, layer, slots, positions, rope, spec, PROMPT_KEYS)
     rt.launch(
         rt.kernel("attention", "store_kv", **options),
         (_round_up(hd // 2, 32), spec.n_kv_heads, t),

@@ -66,13 +66,15 @@ class ServerState:
                 n_slots=c.max_running,
                 prefill_chunk=c.prefill_chunk,
             )
-            model.engine.warm_up()  # kernels compile now (/health still 503), not while requests wait
+            # Kernels compile and steps are recorded now (/health still 503), not while requests wait.
+            model.engine.warm_up(mixed_steps=c.mixed_steps)
             scheduler = Scheduler(
                 model.engine,
                 model.tokenizer,
                 max_queue=c.max_queue,
                 prefill_chunk=c.prefill_chunk,
                 metrics=self.metrics,
+                mixed_steps=c.mixed_steps,
             )
             with self._lock:
                 if self._closed:  # the server stopped while we were loading

@@ -26,6 +26,11 @@ def add_commands(subparsers) -> None:
     serve.add_argument("--context", type=int, help="KV-cache length per slot in tokens (default: min(model, 4096))")
     serve.add_argument("--prefill-chunk", type=int, default=64, help="prompt tokens prefilled per scheduler step")
     serve.add_argument(
+        "--mixed-steps",
+        action="store_true",
+        help="run a prompt chunk (up to 64 tokens) in the same forward pass as the decode rows (docs/serving.md)",
+    )
+    serve.add_argument(
         "--api-key",
         default=os.environ.get("PERFX_API_KEY") or None,
         help="require 'Authorization: Bearer KEY' on every route but /health (default: $PERFX_API_KEY)",
@@ -55,6 +60,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_running=args.max_running,
         max_queue=args.max_queue,
         prefill_chunk=args.prefill_chunk,
+        mixed_steps=args.mixed_steps,
         api_key=args.api_key,
         max_body_bytes=args.max_body_bytes,
     )

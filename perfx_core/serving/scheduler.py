@@ -2,7 +2,9 @@
 
 Each KV-cache slot holds one running sequence. Every iteration the scheduler drops cancelled requests, admits
 waiting ones into free slots, prefills at most one chunk of one prompt, then runs ONE ``engine.decode`` for
-every sequence that has a token to feed. Results go back through each request's thread-safe ``emit`` callback.
+every sequence that has a token to feed. With ``mixed_steps`` the chunk rides in that decode's forward pass
+instead when something is decoding (the engine takes up to mixed_prompt_room tokens there). Results go back
+through each request's thread-safe ``emit`` callback.
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ if TYPE_CHECKING:
     from .metrics import ServerMetrics
 
 log = logging.getLogger("perfx.serving")
+
+
+# Prompt tokens per mixed step: a step's cost grows with its rows (H200, 7B: 16 decode rows 6.6 ms, plus a
+# 25-token prompt padded to 32 rows 11-12 ms), and the sequences decoding wait for the whole step.
+MIXED_CHUNK = 16
 
 
 class QueueFullError(Exception):
@@ -101,12 +108,15 @@ class Scheduler:
         max_queue: int,
         prefill_chunk: int,
         metrics: ServerMetrics | None = None,
+        mixed_steps: bool = False,
     ):
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_queue = max_queue
         self.prefill_chunk = prefill_chunk
         self.metrics = metrics
+        # A prompt chunk rides along with the decode rows in one forward pass (engine.mixed_prompt_room).
+        self.mixed_steps = mixed_steps
         self.n_slots = engine.n_slots
         self.max_batch_size = 0  # largest decode batch so far: shows batching really happened
         self._cond = threading.Condition()
@@ -211,6 +221,11 @@ class Scheduler:
     def _step(self) -> None:
         engine = self.engine
         prefilling = next((s for s in self._running if s.prefilling and not s.done), None)
+        batch = self._decode_batch()
+        room = engine.mixed_prompt_room(len(batch)) if batch and self.mixed_steps else 0
+        if prefilling is not None and room > 0:
+            self._mixed_step(prefilling, batch, room)
+            return
         if prefilling is not None:
             # One chunk per iteration, so sequences already decoding wait at most one chunk for their next token.
             prompt = prefilling.request.prompt_ids
@@ -223,29 +238,60 @@ class Scheduler:
             if not prefilling.prefilling:
                 prefilling.position = len(prompt)
                 self._accept(prefilling, logits)
-        batch = [s for s in self._running if s.pending is not None and not s.done and not s.request.cancelled]
+            batch = self._decode_batch()
         if batch:
-            # The engine picks the tokens (on the device when the backend can) when every sequence is plain
-            # greedy (argmax) or every one is greedy or a temperature/min-p draw (sample); the draws are the
-            # ones each sequence's Sampler would make from the logits (sampling.engine_draw).
-            argmax = all(s.request.sampling.plain_argmax for s in batch)
-            sample = not argmax and all(s.request.sampling.engine_sampleable for s in batch)
-            picks = {"argmax": True} if argmax else {}
-            if sample:
-                picks = {"sampling": np.stack([s.sampler.engine_row() for s in batch])}
+            picks = self._picks(batch)
             start = time.perf_counter()
             tokens, slots, positions = [s.pending for s in batch], [s.slot for s in batch], [s.position for s in batch]
             rows = engine.decode(tokens, slots, positions, **picks)
-            self.max_batch_size = max(self.max_batch_size, len(batch))
-            if self.metrics:
-                self.metrics.engine_seconds.labels("decode").observe(time.perf_counter() - start)
-                self.metrics.decode_batch_size.observe(len(batch))
-            for seq, row in zip(batch, rows, strict=True):
-                seq.position += 1
-                if picks:
-                    self._accept(seq, token=int(row))
-                else:
-                    self._accept(seq, row)
+            self._record_step("decode", start, len(batch))
+            self._accept_rows(batch, rows, bool(picks))
+
+    def _mixed_step(self, prefilling: _Sequence, batch: list[_Sequence], room: int) -> None:
+        """One forward pass for the decode rows and the next chunk (at most ``room`` tokens) of a prompt: the
+        sequences decoding wait for one pass, not a prefill and then a decode (LlamaModel.decode(prompt=...))."""
+        prompt = prefilling.request.prompt_ids
+        chunk = prompt[prefilling.prefilled : prefilling.prefilled + min(self.prefill_chunk, room, MIXED_CHUNK)]
+        picks = self._picks([*batch, prefilling])
+        start = time.perf_counter()
+        tokens, slots, positions = [s.pending for s in batch], [s.slot for s in batch], [s.position for s in batch]
+        rows = self.engine.decode(
+            tokens, slots, positions, prompt=(chunk, prefilling.slot, prefilling.prefilled), **picks
+        )
+        self._record_step("mixed", start, len(batch))
+        self._accept_rows(batch, rows[:-1], bool(picks))
+        prefilling.prefilled += len(chunk)
+        if not prefilling.prefilling:  # the chunk's last token gives the sequence its first token
+            prefilling.position = len(prompt)
+            self._accept_rows([prefilling], rows[-1:], bool(picks), advance=False)
+
+    def _decode_batch(self) -> list[_Sequence]:
+        return [s for s in self._running if s.pending is not None and not s.done and not s.request.cancelled]
+
+    @staticmethod
+    def _picks(seqs: list[_Sequence]) -> dict:
+        """How the engine picks the next tokens: argmax when every sequence is plain greedy, a draw on the
+        engine when every one is greedy or a temperature/min-p draw (the draws each sequence's Sampler would
+        make from the logits: sampling.engine_draw), else the logits come back."""
+        if all(s.request.sampling.plain_argmax for s in seqs):
+            return {"argmax": True}
+        if all(s.request.sampling.engine_sampleable for s in seqs):
+            return {"sampling": np.stack([s.sampler.engine_row() for s in seqs])}
+        return {}
+
+    def _record_step(self, kind: str, start: float, rows: int) -> None:
+        self.max_batch_size = max(self.max_batch_size, rows)
+        if self.metrics:
+            self.metrics.engine_seconds.labels(kind).observe(time.perf_counter() - start)
+            self.metrics.decode_batch_size.observe(rows)
+
+    def _accept_rows(self, seqs: list[_Sequence], rows: np.ndarray, picked: bool, advance: bool = True) -> None:
+        for seq, row in zip(seqs, rows, strict=True):
+            seq.position += advance
+            if picked:
+                self._accept(seq, token=int(row))
+            else:
+                self._accept(seq, row)
 
     def _accept(self, seq: _Sequence, logits: np.ndarray | None = None, token: int | None = None) -> None:
         """Sample the next token of ``seq`` from ``logits`` (or take the engine's ``token``) and stream it, or
