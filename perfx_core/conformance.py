@@ -357,20 +357,23 @@ def _argmax_case(n: int, vocab: int, special: str) -> tuple[str, float, Body]:
     return f"n={n} vocab={vocab} {special}", 0.0, body
 
 
-def _sample_case(n: int, vocab: int, temperature: float, min_p: float) -> tuple[str, float, Body]:
+def _sample_case(
+    n: int, vocab: int, temperature: float, min_p: float, top_k: int = 0, top_p: float = 1.0
+) -> tuple[str, float, Body]:
     """sample: every row the same logits, each its own seed and step. The draws must be the reference's
-    (sampling.engine_draw; at most 1% may differ, from float rounding near ties), follow the tempered softmax,
-    and never pick a token min-p removes."""
+    (sampling.engine_draw; at most 1% may differ, from float rounding near ties and filter thresholds), follow
+    the tempered softmax over what the filters keep, and never pick a token they remove."""
     limit = 0.01
 
     def body(t: _Trial, rng: np.random.Generator) -> None:
-        from .sampling import engine_draw, engine_params
+        from .sampling import ENGINE_ROW, engine_draw, engine_keep, engine_params
 
         base = (rng.standard_normal(vocab) * 2).astype(np.float32)
         logits = np.tile(base, (n, 1))
-        rows = np.stack([engine_params(temperature, min_p, 1000 + i, 3 * i) for i in range(n)])
+        rows = np.stack([engine_params(temperature, min_p, 1000 + i, 3 * i, top_k, top_p) for i in range(n)])
         out = t.int_output("out", (n,))
-        t.rt.ops.sample(t.input("logits", logits), t.ints("rows", rows.ravel().tolist()).reshape(n, 4), out)
+        rows_in = t.ints("rows", rows.ravel().tolist()).reshape(n, ENGINE_ROW)
+        t.rt.ops.sample(t.input("logits", logits), rows_in, out)
         got = t.read("out")
         want = np.array([engine_draw(logits[i], rows[i]) for i in range(n)])
         t.nmse = float(np.mean(got != want))
@@ -379,26 +382,26 @@ def _sample_case(n: int, vocab: int, temperature: float, min_p: float) -> tuple[
             return
         if temperature == 0:
             return
-        scaled = base / temperature
-        kept = scaled >= scaled.max() + np.log(min_p) if min_p > 0 else np.ones(vocab, bool)
+        scaled = (base - base.max()) / np.float32(temperature)
+        kept = engine_keep(scaled, min_p, top_k, top_p)
         if (~kept[got]).any():
-            t.problems.append(f"drew a token min-p removes ({int(got[~kept[got]][0])})")
+            t.problems.append(f"drew a token the filters remove ({int(got[~kept[got]][0])})")
         probs = np.where(kept, np.exp(scaled - scaled.max()), 0.0)
         probs /= probs.sum()
         freq = np.bincount(got, minlength=vocab) / n
         if np.abs(freq - probs).max() > 4 / np.sqrt(n):  # ~4 standard deviations of a frequency
             t.problems.append(f"draw frequencies {np.round(freq, 3)} do not follow the softmax {np.round(probs, 3)}")
 
-    return f"n={n} vocab={vocab} T={temperature:g} min_p={min_p:g}", limit, body
+    return f"n={n} vocab={vocab} T={temperature:g} min_p={min_p:g} top_k={top_k} top_p={top_p:g}", limit, body
 
 
 def _sample_edge_case() -> tuple[str, float, Body]:
     """sample on awkward rows, which must match the reference exactly: one token far ahead (no noise may
     overturn it: a uniform that rounds to 1 would), a NaN logit (never drawn), an infinite one, a temperature
-    of 1e-30 (the draw of a near-greedy softmax) and all -inf."""
+    of 1e-30 (the draw of a near-greedy softmax), all -inf, and top-k 1 / top-p 1e-6 (only the best token)."""
 
     def body(t: _Trial, rng: np.random.Generator) -> None:
-        from .sampling import engine_draw, engine_params
+        from .sampling import ENGINE_ROW, engine_draw, engine_params
 
         vocab = 32000
         peaked = np.full(vocab, -30.0, np.float32)
@@ -413,10 +416,13 @@ def _sample_edge_case() -> tuple[str, float, Body]:
         special[3] = -np.inf
         rows_logits.extend(special)
         rows.extend([(0.9, 0.05, 11, 0), (0.9, 0.0, 12, 1), (1e-30, 0.0, 13, 2), (1.0, 0.0, 14, 3)])
+        rows_logits.extend([special[0], special[0], special[3]])  # top-k 1 and a tiny top-p: the best (not NaN)
+        rows.extend([(0.9, 0.0, 15, 4, 1, 1.0), (0.9, 0.0, 16, 5, 0, 1e-6), (1.0, 0.0, 17, 6, 3, 0.5)])
         logits = np.stack(rows_logits)
         params = np.stack([engine_params(*r) for r in rows])
         out = t.int_output("out", (len(rows),))
-        t.rt.ops.sample(t.input("logits", logits), t.ints("rows", params.ravel().tolist()).reshape(-1, 4), out)
+        rows_in = t.ints("rows", params.ravel().tolist()).reshape(-1, ENGINE_ROW)
+        t.rt.ops.sample(t.input("logits", logits), rows_in, out)
         want = np.array([engine_draw(logits[i], params[i]) for i in range(len(rows))])
         want[:12] = 0  # stated, not computed: the reference itself could be wrong in the same way
         t.compare_exact("out", want)
@@ -601,6 +607,10 @@ def _cases(op: str) -> list[tuple[str, float, Body]]:
             _sample_case(2048, 6, 1.0, 0.0),
             _sample_case(2048, 6, 0.5, 0.1),
             _sample_case(17, 32000, 0.8, 0.05),
+            _sample_case(2048, 6, 1.0, 0.0, top_k=2),  # frequencies over the two best only
+            _sample_case(2048, 6, 1.0, 0.0, top_p=0.7),
+            _sample_case(512, 1000, 0.7, 0.02, top_k=40, top_p=0.95),  # the default sampling parameters
+            _sample_case(9, 49152, 1.3, 0.0, top_k=0, top_p=0.9),
             _sample_edge_case(),
         ]
     if op == "linear_add_rmsnorm":

@@ -17,7 +17,7 @@ from .backend import AttentionSpec, KVCacheSpec, RopeTable, Runtime
 from .config import LlamaConfig, LlamaWeights
 from .errors import ContextLengthError, InvalidArgumentError
 from .rope import rope_cos_sin
-from .sampling import engine_draw, engine_params
+from .sampling import ENGINE_ROW, engine_draw, engine_params
 from .weights import concat_rows
 
 
@@ -215,7 +215,7 @@ class LlamaModel:
     ) -> np.ndarray:
         """One new token per sequence: token b goes to ``slots[b]`` at ``positions[b]``. Returns the (B, vocab)
         logits; with ``argmax`` the (B,) int32 index of each row's largest logit (first on ties); with
-        ``sampling`` ((B, 4) int32 rows of Sampler.engine_row) the (B,) ids the ``sample`` op draws. Both are
+        ``sampling`` ((B, ENGINE_ROW) int32 rows of Sampler.engine_row) the (B,) ids the ``sample`` op draws. Both are
         picked on the device when the backend implements that op, else on the host from the logits.
 
         ``prompt`` = (ids, slot, start) also runs that chunk of a prompt into another slot in the same forward
@@ -250,8 +250,10 @@ class LlamaModel:
         rows_out = n + (prompt is not None)
         if sampling is not None:
             sampling = np.ascontiguousarray(sampling, dtype=np.int32)
-            if argmax or sampling.shape != (rows_out, 4):
-                raise InvalidArgumentError(f"decode: sampling must be ({rows_out}, 4) int32 rows, without argmax")
+            if argmax or sampling.shape != (rows_out, ENGINE_ROW):
+                raise InvalidArgumentError(
+                    f"decode: sampling must be ({rows_out}, {ENGINE_ROW}) int32 rows, without argmax"
+                )
         ops, rt = self.rt.ops, self.rt
         # Not while the ops are being profiled: that needs the calls.
         signature = rt.graph_signature(pos_arr) if ops.profile is None else None

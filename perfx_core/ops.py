@@ -22,7 +22,7 @@ Composite ops (generic versions below work on every backend; a backend may fuse 
   linear, qkv_proj, gate_up_silu, logits,
   linear_add_rmsnorm(x, w, residual, weight, eps, out)  residual += x @ w.T (in place); out = rmsnorm(residual)
   argmax(logits (n, vocab), out (n,) int32)            out[i] = first index of the largest logit of row i
-  sample(logits (n, vocab), rows (n, 4) host int32, out (n,) int32)   out[i] = sampling.engine_draw(logits[i], rows[i])
+  sample(logits (n, vocab), rows (n, 6) host int32, out (n,) int32)   out[i] = sampling.engine_draw(logits[i], rows[i])
 """
 
 from __future__ import annotations

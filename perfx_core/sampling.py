@@ -48,10 +48,9 @@ class SamplingParams:
 
     @property
     def engine_sampleable(self) -> bool:
-        """Greedy, or temperature and min-p without top-k/top-p filters, and no repetition penalty: an engine
-        with a ``sample`` op can draw the token on the device (see Sampler.engine_row)."""
-        filters = self.top_k != 0 or self.top_p < 1.0
-        return self.repetition_penalty == 1.0 and (self.greedy or not filters)
+        """No repetition penalty (it needs the history): an engine with a ``sample`` op can then pick the token
+        on the device, greedy or drawn with every filter (see Sampler.engine_row)."""
+        return self.repetition_penalty == 1.0
 
     @property
     def plain_argmax(self) -> bool:
@@ -72,43 +71,21 @@ class Sampler:
 
     def engine_row(self) -> np.ndarray:
         """This sequence's row of the ``sample`` op's parameters for its next token (then advances the step)."""
-        row = engine_params(self.params.temperature, self.params.min_p, self.stream_seed, self.engine_steps % 2**31)
+        p = self.params
+        row = engine_params(p.temperature, p.min_p, self.stream_seed, self.engine_steps % 2**31, p.top_k, p.top_p)
         self.engine_steps += 1
         return row
 
     def __call__(self, logits: np.ndarray, history: Iterable[int] = ()) -> int:
+        """The next token: after the repetition penalty, the engine's draw (engine_draw), the same tokens a
+        device's ``sample`` op draws for this seed, so a seeded sequence repeats on every backend."""
         p = self.params
         logits = np.asarray(logits, dtype=np.float32)
         if p.repetition_penalty != 1.0:
             logits = apply_repetition_penalty(logits, history, p.repetition_penalty)
         if p.greedy:
             return int(np.argmax(logits))
-        vocab = logits.shape[0]
-        if (p.top_k == 0 or p.top_k >= vocab) and p.top_p >= 1.0:
-            # No top-k/top-p filter: the engine's draw (~0.4 ms for 49k tokens, no sort), the same tokens the
-            # device draws for this seed, so a seeded sequence repeats on every backend.
-            return engine_draw(logits, self.engine_row())
-        return self._draw(logits / np.float32(p.temperature))
-
-    def _draw(self, logits: np.ndarray) -> int:
-        p = self.params
-        vocab = logits.shape[0]
-        # Candidates sorted by logit, best first; top-k limits how many we ever look at.
-        if 0 < p.top_k < vocab:
-            cand = np.argpartition(-logits, p.top_k - 1)[: p.top_k]
-        else:
-            cand = np.arange(vocab)
-        cand = cand[np.argsort(-logits[cand], kind="stable")]
-        probs = np.exp((logits[cand] - logits[cand[0]]).astype(np.float64))
-        probs /= probs.sum()
-        keep = len(cand)
-        if p.top_p < 1.0:
-            # Smallest prefix whose mass reaches top_p (always at least one token).
-            keep = min(keep, int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1)
-        if p.min_p > 0:
-            keep = min(keep, max(1, int(np.count_nonzero(probs >= p.min_p * probs[0]))))
-        probs = probs[:keep] / probs[:keep].sum()
-        return int(cand[self.rng.choice(keep, p=probs)])
+        return engine_draw(logits, self.engine_row())
 
 
 def apply_repetition_penalty(logits: np.ndarray, history: Iterable[int], penalty: float) -> np.ndarray:
@@ -125,11 +102,47 @@ def apply_repetition_penalty(logits: np.ndarray, history: Iterable[int], penalty
 # -- the engine's draw (the `sample` op): Gumbel-max over a counter-based random stream ---------------------
 
 
-def engine_params(temperature: float, min_p: float, seed: int, step: int) -> np.ndarray:
+ENGINE_ROW = 6  # int32 values per row of the ``sample`` op's parameters
+# A prefix "reaches" top_p when its mass is within float rounding of it (top_p travels as a float32: 0.8 is
+# 0.80000001, which 0.5 + 0.3 would otherwise miss); the kernel uses the same factor.
+TOP_P_SLACK = 1.0 - 2.0**-20
+
+
+def engine_params(
+    temperature: float, min_p: float, seed: int, step: int, top_k: int = 0, top_p: float = 1.0
+) -> np.ndarray:
     """One row of the ``sample`` op's parameters: int32 [float32 bits of the temperature (0: greedy), float32
-    bits of min_p, seed, step]."""
-    floats = np.array([temperature, min_p], dtype=np.float32).view(np.int32)
-    return np.array([floats[0], floats[1], seed, step], dtype=np.int32)
+    bits of min_p, seed, step, top_k (0: off), float32 bits of top_p (1: off)]."""
+    floats = np.array([temperature, min_p, top_p], dtype=np.float32).view(np.int32)
+    return np.array([floats[0], floats[1], seed, step, top_k, floats[2]], dtype=np.int32)
+
+
+def _order_keys(values: np.ndarray) -> np.ndarray:
+    """uint32 keys in the order of the float32 values (NaN: 0, below everything): what the kernel searches."""
+    bits = values.astype(np.float32).view(np.uint32)
+    keys = np.where(bits & np.uint32(0x80000000), ~bits, bits | np.uint32(0x80000000))
+    return np.where(np.isnan(values), np.uint32(0), keys)
+
+
+def engine_keep(scaled: np.ndarray, min_p: float, top_k: int, top_p: float) -> np.ndarray:
+    """The tokens a draw may pick, from the tempered logits ``scaled`` (max 0): those at or above the k-th
+    largest value (ties kept), then at or above the value where the mass of the larger ones, over what top-k
+    kept, first reaches top_p (ties kept: the smallest prefix reaching p), and within min-p of the best.
+    Thresholds on values, so a device finds them with searches over the values instead of a sort."""
+    keys = _order_keys(scaled)
+    keep = keys > 0
+    if 0 < top_k < int(keep.sum()):
+        keep &= keys >= np.sort(keys[keep])[-top_k]
+    if top_p < 1.0 and keep.any():
+        values = np.sort(scaled[keep])[::-1]
+        mass = np.cumsum(np.exp(values.astype(np.float64)))
+        last_of_tie = np.append(values[1:] != values[:-1], True)  # a value's mass includes all its ties
+        reached = np.flatnonzero(last_of_tie & (mass >= np.float64(top_p) * mass[-1] * TOP_P_SLACK))
+        if reached.size:
+            keep &= scaled >= values[reached[0]]
+    if min_p > 0:
+        keep &= scaled >= np.log(np.float32(min_p))
+    return keep
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -157,9 +170,12 @@ def stream_uniforms(seed: int, step: int, n: int) -> np.ndarray:
 def engine_draw(logits: np.ndarray, row: np.ndarray) -> int:
     """The token the ``sample`` op draws for one row of logits and one parameter row (Sampler.engine_row):
     greedy when the temperature is 0 (NumPy's argmax: a NaN wins), else the argmax of (logits - max) / T plus
-    Gumbel noise over the tokens min-p keeps: an exact draw from softmax(logits / T) restricted to them. NaN
-    logits never win a draw; subtracting the max first keeps tiny temperatures finite."""
-    temperature, min_p = np.asarray(row[:2], dtype=np.int32).view(np.float32)
+    Gumbel noise over the tokens top-k, top-p and min-p keep (engine_keep): an exact draw from softmax(logits
+    / T) restricted to them. NaN logits never win a draw; subtracting the max first keeps tiny temperatures
+    finite."""
+    row = np.asarray(row, dtype=np.int32)
+    temperature, min_p, top_p = row[[0, 1, 5]].view(np.float32)
+    top_k = int(row[4])
     logits = np.asarray(logits, dtype=np.float32)
     if temperature == 0:
         return int(np.argmax(logits))
@@ -167,7 +183,6 @@ def engine_draw(logits: np.ndarray, row: np.ndarray) -> int:
         top = np.nanmax(logits) if not np.isnan(logits).all() else np.float32(0)
         top = top if np.isfinite(top) else np.float32(0)  # as the kernel: an infinite max is not subtracted
         scaled = (logits - top) / np.float32(temperature)
-        cut = np.log(np.float32(min_p)) if min_p > 0 else -np.inf
         gumbel = -np.log(-np.log(stream_uniforms(int(row[2]), int(row[3]), scaled.size)))
-        keys = np.where(scaled >= cut, scaled + gumbel, -np.inf)  # NaN >= cut is False: NaN never wins
+        keys = np.where(engine_keep(scaled, float(min_p), top_k, float(top_p)), scaled + gumbel, -np.inf)
     return int(np.argmax(keys))

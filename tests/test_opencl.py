@@ -305,9 +305,9 @@ def test_decode_argmax_and_sampling_on_the_device_match_the_logits(registry, smo
             model.prefill([1, 504, 3458 + slot], slot=slot)
         assert model.samples_on_device
         samplers = [
-            Sampler(SamplingParams(temperature=t, top_k=0, top_p=1, min_p=m, seed=7))
-            for t, m in ((1.0, 0.0), (0.7, 0.05), (0.0, 0.0))
-        ]  # the last row greedy
+            Sampler(SamplingParams(temperature=t, top_k=k, top_p=p, min_p=m, seed=7))
+            for t, m, k, p in ((1.0, 0.0, 40, 0.9), (0.7, 0.05, 0, 0.95), (0.0, 0.0, 0, 1.0))
+        ]  # top-k and top-p on the device too; the last row greedy
         drawn = []
         for step in range(3):  # the second and third are replays of the first
             args = ([11, 12, 13], [0, 1, 2], [3 + step] * 3)
@@ -320,7 +320,8 @@ def test_decode_argmax_and_sampling_on_the_device_match_the_logits(registry, smo
             np.testing.assert_array_equal(sampled, [engine_draw(logits[i], rows[i]) for i in range(3)])
             assert sampled[2] == ids[2]
             drawn.append(sampled)
-        rows = np.stack([[*r[:3], 0] for r in np.stack([s.engine_row() for s in samplers])]).astype(np.int32)
+        rows = np.stack([s.engine_row() for s in samplers])
+        rows[:, 3] = 0  # step 0 again
         again = [model.decode([11, 12, 13], [0, 1, 2], [3, 3, 3], sampling=rows) for _ in range(2)]
         np.testing.assert_array_equal(again[0], again[1])  # same seed and step: the same draw
         np.testing.assert_array_equal(again[0], drawn[0])

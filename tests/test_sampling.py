@@ -107,3 +107,27 @@ def test_tiny_temperature_is_the_argmax_and_nan_never_wins():
     logits[10] = np.nan
     sampler = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1, min_p=0.5, seed=1))
     assert all(engine_draw(logits, sampler.engine_row()) != 10 for _ in range(20))
+
+
+def test_engine_keep_matches_the_sorted_definition_and_keeps_ties():
+    """engine_keep's value thresholds against the plain definition (sort, count k, accumulate to p), on random
+    tempered logits; tied values at a threshold are all kept."""
+    from perfx_core.sampling import engine_keep
+
+    rng = np.random.default_rng(5)
+    for trial in range(200):
+        scaled = np.round(rng.standard_normal(300) * 2, 1).astype(np.float32)  # rounding makes ties common
+        scaled -= scaled.max()
+        k, p = int(rng.integers(0, 50)), float(rng.choice([1.0, rng.uniform(0.05, 0.99)]))
+        order = np.argsort(-scaled, kind="stable")
+        want = np.ones(300, bool)
+        if 0 < k < 300:
+            want &= scaled >= scaled[order[k - 1]]
+        if p < 1.0:
+            values = np.sort(scaled[want])[::-1]
+            mass = np.cumsum(np.exp(values.astype(np.float64)))
+            first = next(i for i in range(len(values)) if mass[i] >= p * mass[-1] * (1 - 2**-20))
+            while first + 1 < len(values) and values[first + 1] == values[first]:
+                first += 1  # a tie goes with its value
+            want &= scaled >= values[first]
+        np.testing.assert_array_equal(engine_keep(scaled, 0.0, k, p), want, err_msg=f"trial {trial}: k={k} p={p}")

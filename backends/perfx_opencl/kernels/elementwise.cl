@@ -117,9 +117,12 @@ __kernel __attribute__((reqd_work_group_size(ARGMAX_WG, 1, 1))) void argmax_rows
 
 // -- sampling ------------------------------------------------------------------------------------------------
 // One token per row drawn on the device, as perfx_core.sampling.engine_draw defines it: rows[r] = (float bits
-// of the temperature, float bits of min_p, seed, step). Temperature 0: the argmax. Otherwise the argmax of
-// (logits - max) / T + Gumbel noise over the tokens min-p keeps, an exact draw from the tempered softmax; the
-// noise comes from a hash of (seed, step, token index), so a seeded sequence repeats on any backend.
+// of the temperature, float bits of min_p, seed, step, top_k, float bits of top_p). Temperature 0: the argmax.
+// Otherwise the argmax of (logits - max) / T + Gumbel noise over the tokens top-k, top-p and min-p keep
+// (sampling.engine_keep: thresholds on the tempered values, found here by bisecting the values' bits instead of
+// sorting), an exact draw from the tempered softmax; the noise comes from a hash of (seed, step, token index),
+// so a seeded sequence repeats on any backend.
+#define SAMPLE_ROW 6
 inline uint mix32(uint x) {  // lowbias32
     x ^= x >> 16;
     x *= 0x7feb352dU;
@@ -129,6 +132,25 @@ inline uint mix32(uint x) {  // lowbias32
     return x;
 }
 
+// uint keys in the order of the float values; NaN is 0, below every value (sampling._order_keys).
+inline uint order_key(float v) {
+    const uint b = as_uint(v);
+    return isnan(v) ? 0u : (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+inline float group_sum(float v, __local float* scratch) {
+    const int lid = get_local_id(0);
+    scratch[lid] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int stride = ARGMAX_WG / 2; stride > 0; stride >>= 1) {
+        if (lid < stride) scratch[lid] += scratch[lid + stride];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const float total = scratch[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return total;
+}
+
 // Global size (ARGMAX_WG * n): one work-group per row.
 __kernel __attribute__((reqd_work_group_size(ARGMAX_WG, 1, 1))) void sample_rows(
     __global const float* x, int x_off, __global const int* rows, __global int* out, int out_off, int vocab) {
@@ -136,8 +158,10 @@ __kernel __attribute__((reqd_work_group_size(ARGMAX_WG, 1, 1))) void sample_rows
     __local int best_i[ARGMAX_WG];
     const int lid = get_local_id(0), row = get_group_id(0);
     __global const float* values = x + x_off + (size_t)row * vocab;
-    const float temperature = as_float(rows[4 * row]), min_p = as_float(rows[4 * row + 1]);
-    const uint key = mix32((uint)rows[4 * row + 2] ^ mix32((uint)rows[4 * row + 3] * 0x9e3779b9U + 0x632be5abU));
+    __global const int* params = rows + SAMPLE_ROW * row;
+    const float temperature = as_float(params[0]), min_p = as_float(params[1]), top_p = as_float(params[5]);
+    const int top_k = params[4];
+    const uint key = mix32((uint)params[2] ^ mix32((uint)params[3] * 0x9e3779b9U + 0x632be5abU));
     // Pass 1 (a draw): the largest logit, subtracted before dividing by T so tiny temperatures stay finite.
     float top = 0.0f;
     if (temperature > 0.0f) {
@@ -152,23 +176,58 @@ __kernel __attribute__((reqd_work_group_size(ARGMAX_WG, 1, 1))) void sample_rows
         top = isinf(best_v[0]) ? 0.0f : best_v[0];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
+#define SCALED(i) ((values[i] - top) / temperature)
+    // Top-k: the largest key with at least k values at or above it is the k-th largest value (k past the
+    // number of values leaves 0: no filter). 32 counting passes, one per bit.
+    uint threshold = 0;
+    if (temperature > 0.0f && top_k > 0) {
+        for (int bit = 31; bit >= 0; --bit) {
+            const uint candidate = threshold | (1u << bit);
+            float count = 0.0f;  // exact: vocab < 2^24
+            for (int i = lid; i < vocab; i += ARGMAX_WG) count += order_key(SCALED(i)) >= candidate ? 1.0f : 0.0f;
+            if (group_sum(count, best_v) >= (float)top_k) threshold = candidate;
+        }
+    }
+    // Top-p over what top-k kept: the largest key whose values at or above it hold top_p of the mass.
+    if (temperature > 0.0f && top_p < 1.0f) {
+        float z = 0.0f;
+        for (int i = lid; i < vocab; i += ARGMAX_WG) {
+            const float v = SCALED(i);
+            const uint k = order_key(v);
+            z += k > 0u && k >= threshold ? exp(v) : 0.0f;
+        }
+        const float target = top_p * group_sum(z, best_v) * (1.0f - 0x1p-20f);  // sampling.TOP_P_SLACK
+        uint nucleus = 0;
+        for (int bit = 31; bit >= 0; --bit) {
+            const uint candidate = nucleus | (1u << bit), floor_key = max(candidate, threshold);
+            float mass = 0.0f;
+            for (int i = lid; i < vocab; i += ARGMAX_WG) {
+                const float v = SCALED(i);
+                mass += order_key(v) >= floor_key ? exp(v) : 0.0f;
+            }
+            if (group_sum(mass, best_v) >= target) nucleus = candidate;
+        }
+        threshold = max(threshold, nucleus);
+    }
     const float cut = min_p > 0.0f ? log(min_p) : -INFINITY;
-    // Pass 2: the argmax of the keys (the logits themselves when greedy). A NaN logit never wins a draw.
+    // Last pass: the argmax of the keys (the logits themselves when greedy). A NaN logit never wins a draw.
     float best = 0.0f;
     int at = -1;
     for (int i = lid; i < vocab; i += ARGMAX_WG) {
         float v = values[i];
         if (temperature > 0.0f) {
-            const float scaled = (v - top) / temperature;
+            const float scaled = SCALED(i);
+            const uint k = order_key(scaled);
             // 23 random bits: (bits + 0.5) / 2^23 is exact and strictly inside (0, 1).
             const float u = ((float)(mix32(key ^ ((uint)i * 0x85ebca6bU)) >> 9) + 0.5f) * (1.0f / 8388608.0f);
-            v = scaled >= cut ? scaled - log(-log(u)) : -INFINITY;
+            v = k > 0u && k >= threshold && scaled >= cut ? scaled - log(-log(u)) : -INFINITY;
         }
         if (beats(v, i, best, at)) {
             best = v;
             at = i;
         }
     }
+#undef SCALED
     const int winner = group_argmax(best, at, best_v, best_i);
     if (lid == 0) out[out_off + row] = winner;
 }
