@@ -262,8 +262,8 @@ class LlamaModel:
         if prompt is not None:
             prompt_rows, prompt_signature = self._prompt_rows(prompt_ids, prompt_start, room, signature is not None)
             rows, last = n + len(prompt_rows), n + len(prompt_ids) - 1
-            if prompt_signature is not None:  # both parts' positions decide the launches
-                signature = rt.graph_signature(np.array([pos_arr.max(), prompt_start + len(prompt_rows) - 1]))
+            # Each part's launches follow its own positions (the decode rows' attention partitions, the prompt's).
+            signature = None if prompt_signature is None else (signature, prompt_signature)
             inputs["ids"] = np.concatenate([ids, prompt_rows])
             inputs.update(self._prompt_inputs(prompt_rows, prompt_slot, prompt_start))
             if sampling is not None:  # the prompt's row for each of its rows; the chunk's last real one is used
@@ -370,9 +370,9 @@ class LlamaModel:
                     if "sampling" in pick:
                         pick = {"sampling": np.repeat(pick["sampling"], batch, axis=0)}
                     self.decode([0] * batch, list(range(batch)), [position] * batch, **pick)
-        if not mixed_steps or None in positions:  # (None: nothing is recorded here; the kernels are built)
+        if not mixed_steps or None in positions or self.max_seq_len < 16:  # (None: nothing is recorded here)
             return
-        # Mixed steps: a prompt chunk of up to 16 tokens (one padded size) next to each batch size.
+        # Mixed steps: a new prompt's first chunk (16 rows) next to each batch size at each decode signature.
         mixed_batches = [b for b in batches if b < self.n_slots and self.mixed_prompt_room(b) >= 16]
         budget = max(1, MAX_GRAPHS // 4 // max(1, len(mixed_batches) * len(picks)))
         for position in sorted(positions.values())[:budget]:
@@ -380,7 +380,7 @@ class LlamaModel:
                 for pick in picks:
                     if "sampling" in pick:
                         pick = {"sampling": np.repeat(pick["sampling"], batch + 1, axis=0)}
-                    prompt = ([0] * 16, batch, min(position, self.max_seq_len - 16))
+                    prompt = ([0] * 16, batch, 0)
                     self.decode([0] * batch, list(range(batch)), [position] * batch, prompt=prompt, **pick)
 
     def _check_ids(self, tokens: Sequence[int]) -> np.ndarray:

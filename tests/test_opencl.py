@@ -665,5 +665,32 @@ def test_warm_up_for_mixed_steps_records_them(registry, smollm2_path, monkeypatc
         before = len(model._graphs)
         model.decode([5, 6], [0, 1], [70, 3], prompt=([1, 2, 3, 4, 5], 2, 0), argmax=True)
         assert len(replays) == 1 and len(model._graphs) == before
+        LlamaModel(config, weights, rt, n_slots=2, max_seq_len=12, prefill_chunk=8).warm_up(mixed_steps=True)
+    finally:
+        rt.close()
+
+
+def test_mixed_steps_with_other_decode_positions_do_not_share_a_recording(registry, smollm2_path, monkeypatch):
+    """Two mixed steps whose prompt chunks end in the same attention bucket but whose decode rows do not (10
+    vs 100 positions) must not replay one recording: each part's launches follow its own positions."""
+    from perfx_core.gguf_loader import load_llama_gguf
+    from perfx_core.model import LlamaModel
+
+    config, weights, _ = load_llama_gguf(smollm2_path)
+    rt = registry.open_runtime("opencl")
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(10, 40000, n).tolist() for n in (100, 10, 102)]
+    try:
+        model = LlamaModel(config, weights, rt, n_slots=3, max_seq_len=256, prefill_chunk=64)
+
+        def run(graphs: str) -> np.ndarray:
+            monkeypatch.setenv("PERFX_OPENCL_GRAPHS", graphs)
+            model._graphs.clear()
+            for slot, prompt in enumerate(prompts):
+                model.prefill(prompt[:70] if slot == 2 else prompt, slot=slot)
+            model.decode([11], [1], [10], prompt=(prompts[2][70:86], 2, 70))
+            return model.decode([12], [0], [100], prompt=(prompts[2][86:102], 2, 86))
+
+        np.testing.assert_array_equal(run("1"), run("0"))
     finally:
         rt.close()

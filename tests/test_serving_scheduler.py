@@ -21,8 +21,8 @@ VOCAB, EOS, NEXT = 8, 0, 5  # the fake model always predicts token NEXT
 
 
 class FakeEngine:
-    def __init__(self, n_slots: int):
-        self.n_slots, self.max_seq_len = n_slots, 128
+    def __init__(self, n_slots: int, mixed_room: int = 16):
+        self.n_slots, self.max_seq_len, self.mixed_room = n_slots, 128, mixed_room
         self.calls: list[tuple] = []
 
     def _logits(self, n: int) -> np.ndarray:
@@ -35,7 +35,7 @@ class FakeEngine:
         return self._logits(1)[0]
 
     def mixed_prompt_room(self, decode_rows: int) -> int:
-        return 4
+        return self.mixed_room
 
     def decode(self, tokens, slots, positions, argmax=False, sampling=None, prompt=None):
         """LlamaModel.decode's contract: logits, or the picked ids (argmax, or sampling rows' draws); with a
@@ -110,6 +110,35 @@ def test_long_prompt_is_prefilled_in_chunks_between_decode_steps(mixed):
     assert scheduler.max_batch_size == 2
     assert short.events[-1] == Finished("length", 3, 12) and long.events[-1] == Finished("length", 10, 3)
     assert "".join(e.text for e in short.events[:-1]) == "f" * 12
+
+
+def test_mixed_steps_keep_seeded_draws_and_never_starve_a_prompt():
+    """A seeded request draws the same tokens whether its prompt chunks ride in mixed steps or not (a chunk
+    whose row is discarded must not advance its sampler); with room for fewer than a mixed chunk's tokens
+    next to the decode rows, the prompt is prefilled on its own instead of a few tokens per step."""
+
+    def run(mixed: bool, room: int = 16) -> tuple[str, list]:
+        engine = FakeEngine(n_slots=2, mixed_room=room)
+        engine._logits = lambda n: np.tile(np.linspace(0, 1, VOCAB, dtype=np.float32), (n, 1))  # a real draw
+        scheduler = Scheduler(engine, FakeTokenizer(), max_queue=4, prefill_chunk=4, mixed_steps=mixed)
+        first, second = Collector(), Collector()
+        sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=7)
+        scheduler.submit(GenerationRequest([1] * 3, 12, SamplingParams(temperature=0), first, ignore_eos=True))
+        scheduler.submit(GenerationRequest([1] * 10, 6, sampling, second, ignore_eos=True))
+        scheduler.start()
+        try:
+            assert first.done.wait(10) and second.done.wait(10)
+        finally:
+            scheduler.stop()
+        return "".join(e.text for e in second.events[:-1]), engine.calls
+
+    plain, _ = run(False)
+    mixed, calls = run(True)
+    assert mixed == plain and len(plain) == 6
+    assert [c[0] for c in calls].count("mixed") == 3
+    _, calls = run(True, room=2)  # the 10-token prompt goes in 4-token prefills until its rest fits
+    prompt_calls = [c for c in calls if c[0] == "prefill" and c[1] == 1 or c[0] == "mixed"]
+    assert [c[0] for c in prompt_calls] == ["prefill", "prefill", "mixed"] and prompt_calls[-1][-2:] == (8, 2)
 
 
 def test_cancelled_request_frees_its_slot_for_the_next():

@@ -324,9 +324,16 @@ def _mma_config(rt, n: int, rows: int, k: int, silu: bool = False) -> dict[str, 
         kw = 1
         while kw < max_kw and tiles * kw < target and chunks % (2 * kw) == 0:
             kw *= 2
-    while chunks % kw:  # each warp takes an equal run of the chunks
-        kw //= 2
+    row_tiles = config["MT"] * (2 if silu else 1)
+    emulated = not rt.native_mma
+    while chunks % kw or (kw > 1 and _mma_local_bytes(kw, row_tiles, config["NT8"], emulated) > _local_bytes(rt)):
+        kw //= 2  # each warp takes an equal run of the chunks, and the warps' partial sums fit local memory
     return {**config, "KW": kw}
+
+
+def _mma_local_bytes(kw: int, row_tiles: int, nt8: int, emulated: bool) -> int:
+    """int4_mma.cl's local arrays: the partial sums of warps 1..KW-1, and the emulation's per-warp tiles."""
+    return 4 * ((kw - 1) * row_tiles * nt8 * 4 * 32 + (kw * (256 + 128) if emulated else 0))
 
 
 def _int4_mma(rt, x, w, out, silu=False):

@@ -28,7 +28,7 @@ def add_commands(subparsers) -> None:
     serve.add_argument(
         "--mixed-steps",
         action="store_true",
-        help="run a prompt chunk (up to 64 tokens) in the same forward pass as the decode rows (docs/serving.md)",
+        help="run prompt chunks (16 tokens per step) in the same forward pass as the decode rows (docs/serving.md)",
     )
     serve.add_argument(
         "--api-key",

@@ -2,8 +2,8 @@
 
 Each KV-cache slot holds one running sequence. Every iteration the scheduler drops cancelled requests, admits
 waiting ones into free slots, prefills at most one chunk of one prompt, then runs ONE ``engine.decode`` for
-every sequence that has a token to feed. With ``mixed_steps`` the chunk rides in that decode's forward pass
-instead when something is decoding (the engine takes up to mixed_prompt_room tokens there). Results go back
+every sequence that has a token to feed. With ``mixed_steps`` the chunk (MIXED_CHUNK tokens) rides in that
+decode's forward pass instead when something is decoding and the engine has room for it. Results go back
 through each request's thread-safe ``emit`` callback.
 """
 
@@ -222,10 +222,13 @@ class Scheduler:
         engine = self.engine
         prefilling = next((s for s in self._running if s.prefilling and not s.done), None)
         batch = self._decode_batch()
-        room = engine.mixed_prompt_room(len(batch)) if batch and self.mixed_steps else 0
-        if prefilling is not None and room > 0:
-            self._mixed_step(prefilling, batch, room)
-            return
+        if prefilling is not None and batch and self.mixed_steps:
+            # Only with room for a full mixed chunk (or the prompt's rest): a few tokens per step would starve it.
+            room = engine.mixed_prompt_room(len(batch))
+            remaining = len(prefilling.request.prompt_ids) - prefilling.prefilled
+            if room >= min(MIXED_CHUNK, remaining):
+                self._mixed_step(prefilling, batch, room)
+                return
         if prefilling is not None:
             # One chunk per iteration, so sequences already decoding wait at most one chunk for their next token.
             prompt = prefilling.request.prompt_ids
@@ -252,7 +255,12 @@ class Scheduler:
         sequences decoding wait for one pass, not a prefill and then a decode (LlamaModel.decode(prompt=...))."""
         prompt = prefilling.request.prompt_ids
         chunk = prompt[prefilling.prefilled : prefilling.prefilled + min(self.prefill_chunk, room, MIXED_CHUNK)]
-        picks = self._picks([*batch, prefilling])
+        if prefilling.prefilled + len(chunk) == len(prompt):  # its row gives the sequence's first token
+            picks = self._picks([*batch, prefilling])
+        else:  # its row is not used: a stand-in row, so its sampler's stream does not advance
+            picks = self._picks(batch)
+            if "sampling" in picks:
+                picks["sampling"] = np.concatenate([picks["sampling"], picks["sampling"][-1:]])
         start = time.perf_counter()
         tokens, slots, positions = [s.pending for s in batch], [s.slot for s in batch], [s.position for s in batch]
         rows = self.engine.decode(
