@@ -206,8 +206,8 @@ class Generation:
             stats.prefill_s = time.perf_counter() - start
             decode_start = time.perf_counter()
             position = len(self.prompt_ids)
-            # Greedy without a repetition penalty, or a temperature/min-p draw: the engine picks the token (on
-            # the device when the backend can; the draw is the same on the host, see sampling.engine_draw).
+            # Without a repetition penalty the engine picks the token, greedy or drawn with any filters (on the
+            # device when the backend can; the draw is the same on the host, see sampling.engine_draw).
             params = self.sampler.params
             device_argmax, picked = params.plain_argmax, None
             device_sample = not params.greedy and params.engine_sampleable
