@@ -406,6 +406,18 @@ def test_seeded_sampling_is_the_same_on_numpy_and_opencl(registry, smollm2):
 # -- quantized activations (QX): integer dot products ----------------------------------------------------------
 
 
+def _float64_matmul(x: np.ndarray, weight, silu: bool = False) -> np.ndarray:
+    """x @ W.T against the dequantized int4 weight in float64; with ``silu`` W is [W_gate; W_up] and the result
+    silu(gate) * up, as the gate_up_silu op computes it."""
+    from perfx_core.weights import dequantize
+
+    want = x.astype(np.float64) @ dequantize(weight).astype(np.float64).T
+    if not silu:
+        return want
+    gate, up = np.split(want, 2, axis=1)
+    return gate / (1 + np.exp(-gate)) * up
+
+
 @pytest.fixture
 def quantized_gemv(monkeypatch):
     """Every int4 GEMV with QX=1 (on by default only where dp4a is native; PoCL runs the portable dot)."""
@@ -429,17 +441,13 @@ def test_quantized_activation_gemv_matches_float(registry, n, silu, local_bytes)
     from perfx_opencl import ops
 
     from perfx_core.synthetic import random_int4
-    from perfx_core.weights import dequantize
 
     rng = np.random.default_rng(n)
     m, k = 96, 4096
     weight = random_int4(2 * m if silu else m, k, 128, rng)
     x = rng.standard_normal((n, k)).astype(np.float32)
     x[:, 7] = 60.0
-    want = x.astype(np.float64) @ dequantize(weight).astype(np.float64).T
-    if silu:
-        gate, up = want[:, :m], want[:, m:]
-        want = gate / (1 + np.exp(-gate)) * up
+    want = _float64_matmul(x, weight, silu)
     rt = registry.open_runtime("opencl")
     try:
         if local_bytes:
@@ -468,13 +476,12 @@ def test_int4_gemm_tiles_cover_every_token_and_row(registry, monkeypatch, tpt):
     from perfx_opencl import ops
 
     from perfx_core.synthetic import random_int4
-    from perfx_core.weights import dequantize
 
     monkeypatch.setenv("PERFX_OPENCL_GEMM_TPT", tpt)
     rng = np.random.default_rng(int(tpt))
     weight = random_int4(300, 256, 32, rng)
     x = rng.standard_normal((200, 256)).astype(np.float32)
-    want = x.astype(np.float64) @ dequantize(weight).astype(np.float64).T
+    want = _float64_matmul(x, weight)
     rt = registry.open_runtime("opencl")
     try:
         out = rt.empty((200, 300))
@@ -513,7 +520,6 @@ def test_matrix_unit_kernel_matches_float(registry, monkeypatch, matrix_units, n
     from perfx_opencl import ops
 
     from perfx_core.synthetic import random_int4
-    from perfx_core.weights import dequantize
 
     monkeypatch.setenv("PERFX_OPENCL_MMA_SHAPE", shape)
     ops.mma_overrides.cache_clear()
@@ -521,10 +527,7 @@ def test_matrix_unit_kernel_matches_float(registry, monkeypatch, matrix_units, n
     m = 72  # not a multiple of 16 rows per tile
     weight = random_int4(2 * m if silu else m, k, group, rng)
     x = rng.standard_normal((n, k)).astype(np.float32)
-    want = x.astype(np.float64) @ dequantize(weight).astype(np.float64).T
-    if silu:
-        gate, up = want[:, :m], want[:, m:]
-        want = gate / (1 + np.exp(-gate)) * up
+    want = _float64_matmul(x, weight, silu)
     rt = registry.open_runtime("opencl")
     try:
         assert rt.use_mma

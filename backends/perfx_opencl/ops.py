@@ -474,20 +474,26 @@ def _placement(rt, cache, layer, slots, positions, rope, spec, keys=("slots", "p
     )
 
 
+def _store_kv(rt, qkv, placement: tuple, spec, rows: int, options: dict) -> None:
+    """Write the RoPE'd k and the v of ``rows`` new tokens of qkv into the cache (before attending to them)."""
+    rt.launch(
+        rt.kernel("attention", "store_kv", **options),
+        (_round_up(spec.head_dim // 2, 32), spec.n_kv_heads, rows),
+        None,
+        qkv,
+        *placement,
+        spec.head_dim,
+        spec.q_dim,
+        spec.qkv_dim,
+    )
+
+
 def _attention(rt, qkv, cache, layer, slots, positions, rope, spec, out, keys=("slots", "positions")):
     """Rows r of qkv are new tokens of slot slots[r] at positions[r]: store their k/v, then attend."""
     rows, hd = len(positions), spec.head_dim
     options = {"CACHE_HALF": cache.spec.dtype == "float16"}
-    placement = (*_placement(rt, cache, layer, slots, positions, rope, spec, keys), hd)
-    rt.launch(
-        rt.kernel("attention", "store_kv", **options),
-        (_round_up(hd // 2, 32), spec.n_kv_heads, rows),
-        None,
-        qkv,
-        *placement,
-        spec.q_dim,
-        spec.qkv_dim,
-    )
+    placement = _placement(rt, cache, layer, slots, positions, rope, spec, keys)
+    _store_kv(rt, qkv, placement, spec, rows, options)
     parts = decode_signature(positions)[1]  # partitions of the longest row
     partial = rt.scratch("attention_partial", (rows * spec.n_heads * parts * (hd + 2),))
     rt.launch(
@@ -496,6 +502,7 @@ def _attention(rt, qkv, cache, layer, slots, positions, rope, spec, out, keys=("
         (ATT_WG, 1, 1),
         qkv,
         *placement,
+        hd,
         spec.n_heads,
         spec.qkv_dim,
         out,
@@ -580,16 +587,7 @@ def attention_prefill(rt, qkv, cache, layer, slot, start, rope, spec, out):
         return
     options = {"CACHE_HALF": cache.spec.dtype == "float16"}
     placement = _placement(rt, cache, layer, slots, positions, rope, spec, PROMPT_KEYS)
-    rt.launch(
-        rt.kernel("attention", "store_kv", **options),
-        (_round_up(hd // 2, 32), spec.n_kv_heads, t),
-        None,
-        qkv,
-        *placement,
-        hd,
-        spec.q_dim,
-        spec.qkv_dim,
-    )
+    _store_kv(rt, qkv, placement, spec, t, options)
     tile = _prefill_tile(rt, hd)
     rt.launch(
         rt.kernel("attention", "attention_prefill", HD=hd, QB=tile, KB=tile, **options),
