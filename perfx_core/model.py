@@ -72,7 +72,8 @@ class LlamaModel:
         )
         self.cache = runtime.new_kv_cache(self.cache_spec)
         self._allocate_buffers(max(prefill_chunk, n_slots))
-        # Recorded steps: decode by (batch size, signature, pick on device), prefill by ("prefill", length, signature).
+        # Recorded steps: decode by (batch size, signature, pick on device), mixed steps by (("mixed", batch size,
+        # prompt rows), (decode signature, prompt signature), pick), prefill by ("prefill", length, signature).
         self._graphs: dict[Any, Any] = {}
 
     def _upload_weights(self, weights: LlamaWeights) -> None:
@@ -362,26 +363,23 @@ class LlamaModel:
         bounds |= {3 * (1 << i) - 1 for i in range(self.max_seq_len.bit_length())}  # and 1.5x power-of-two buckets
         for p in sorted({0, self.max_seq_len - 1, *(b for b in bounds if b < self.max_seq_len)}):
             positions.setdefault(self.rt.graph_signature(np.array([p], dtype=np.int32)), p)
-        picks = ({}, {"argmax": True}, {"sampling": engine_params(1.0, 0.0, 0, 0)[None, :]})
-        budget = max(1, MAX_GRAPHS // 2 // (len(batches) * len(picks)))
-        for position in sorted(positions.values())[:budget]:
-            for batch in batches:
-                for pick in picks:
-                    if "sampling" in pick:
-                        pick = {"sampling": np.repeat(pick["sampling"], batch, axis=0)}
-                    self.decode([0] * batch, list(range(batch)), [position] * batch, **pick)
-        if not mixed_steps or None in positions or self.max_seq_len < 16:  # (None: nothing is recorded here)
-            return
-        # Mixed steps: a new prompt's first chunk (16 rows) next to each batch size at each decode signature.
-        mixed_batches = [b for b in batches if b < self.n_slots and self.mixed_prompt_room(b) >= 16]
-        budget = max(1, MAX_GRAPHS // 4 // max(1, len(mixed_batches) * len(picks)))
-        for position in sorted(positions.values())[:budget]:
-            for batch in mixed_batches:
-                for pick in picks:
-                    if "sampling" in pick:
-                        pick = {"sampling": np.repeat(pick["sampling"], batch + 1, axis=0)}
-                    prompt = ([0] * 16, batch, 0)
-                    self.decode([0] * batch, list(range(batch)), [position] * batch, prompt=prompt, **pick)
+        sample_row = engine_params(1.0, 0.0, 0, 0)[None, :]
+
+        def each_step(batches: list[int], store_share: int, prompt_rows: int = 0) -> None:
+            """Decode at each batch size, position and pick, as many positions as fit 1/store_share of the
+            graph store; with ``prompt_rows``, next to a new prompt's first chunk in slot ``batch``."""
+            budget = max(1, MAX_GRAPHS // store_share // max(1, len(batches) * 3))
+            for position in sorted(positions.values())[:budget]:
+                for batch in batches:
+                    prompt = ([0] * prompt_rows, batch, 0) if prompt_rows else None
+                    sampling = np.repeat(sample_row, batch + bool(prompt_rows), axis=0)
+                    for pick in ({}, {"argmax": True}, {"sampling": sampling}):
+                        self.decode([0] * batch, list(range(batch)), [position] * batch, prompt=prompt, **pick)
+
+        each_step(batches, 2)
+        if mixed_steps and None not in positions and self.max_seq_len >= 16:  # (None: nothing is recorded here)
+            # Mixed steps: a new prompt's first chunk (16 rows) next to each batch size at each decode signature.
+            each_step([b for b in batches if b < self.n_slots and self.mixed_prompt_room(b) >= 16], 4, 16)
 
     def _check_ids(self, tokens: Sequence[int]) -> np.ndarray:
         ids = np.asarray(tokens, dtype=np.int64)

@@ -60,13 +60,14 @@ class SamplingParams:
 
 
 class Sampler:
-    """Samples token ids for one sequence; holds its own random generator so runs repeat with a seed."""
+    """Samples token ids for one sequence from its own random stream (seed, step), so runs repeat with a seed."""
 
     def __init__(self, params: SamplingParams):
         self.params = params
-        self.rng = np.random.default_rng(params.seed)
-        # The device draws' random stream: (seed, step) -> uniforms, the same on every backend (see `sample`).
-        self.stream_seed = int(self.rng.integers(2**31)) if params.seed is None else int(params.seed) % 2**31
+        # The draws' random stream: (seed, step) -> uniforms, the same on every backend (see `sample`); without
+        # a seed, a fresh one.
+        seed = params.seed if params.seed is not None else np.random.default_rng().integers(2**31)
+        self.stream_seed = int(seed) % 2**31
         self.engine_steps = 0
 
     def engine_row(self) -> np.ndarray:

@@ -51,6 +51,7 @@ def main() -> None:
         for shape in shapes(n):
             os.environ["PERFX_OPENCL_MMA_SHAPE"] = ",".join(f"{k}={v}" for k, v in shape.items())
             ops.mma_overrides.cache_clear()
+            ops.clear_plans(rt)
             rows.append(dict(matmul_case(rt, args.m, args.k, n, rng), kernel="mma", **shape))
         rt.close()
         os.environ.pop("PERFX_OPENCL_MMA_SHAPE")

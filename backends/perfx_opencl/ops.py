@@ -131,7 +131,7 @@ def gemv_tuning(rt, silu: bool, rows: int, k: int, nt: int) -> dict[str, int]:
 
 
 def clear_plans(rt) -> None:
-    """Forget the launch plans and loaded tuning of ``rt`` (after the tuning changed)."""
+    """Forget the launch plans (GEMV and mma) and loaded tuning of ``rt`` (after the tuning changed)."""
     rt.__dict__.pop("_gemv_plans", None)
     rt.__dict__.pop("_gemv_tuned", None)
 
@@ -288,7 +288,8 @@ def _gemm_tokens_per_thread(rt, n: int, m: int) -> int:
 
 @functools.lru_cache(maxsize=8)
 def mma_overrides() -> dict[str, int]:
-    """PERFX_OPENCL_MMA_SHAPE="MT=4,NT8=2,KW=2" overrides the matrix-unit kernel's shape (experiments)."""
+    """PERFX_OPENCL_MMA_SHAPE="MT=4,NT8=2,KW=2" overrides the matrix-unit kernel's shape (experiments). Read
+    once: a script that changes the variable calls ``mma_overrides.cache_clear()`` and ``clear_plans(rt)``."""
     overrides = {}
     for item in filter(None, os.environ.get("PERFX_OPENCL_MMA_SHAPE", "").split(",")):
         key, _, value = item.partition("=")
@@ -336,16 +337,29 @@ def _mma_local_bytes(kw: int, row_tiles: int, nt8: int, emulated: bool) -> int:
     return 4 * ((kw - 1) * row_tiles * nt8 * 4 * 32 + (kw * (256 + 128) if emulated else 0))
 
 
+def _mma_plan(rt, silu: bool, n: int, rows: int, k: int, unaligned: bool) -> tuple[Any, tuple, tuple]:
+    """(kernel, global size, local size) of an mma launch, worked out once per shape and kept on the runtime
+    with the GEMV's plans (clear_plans forgets both)."""
+    plans = rt.__dict__.setdefault("_gemv_plans", {})
+    key = ("mma", silu, n, rows, k, unaligned)
+    plan = plans.get(key)
+    if plan is None:
+        config = _mma_config(rt, n, rows, k, silu)
+        kernel = rt.kernel("int4_mma", "int4_mma", SILU=silu, X_UNALIGNED=unaligned, **config)
+        global_size = (-(-rows // (16 * config["MT"])) * 32 * config["KW"], -(-n // (8 * config["NT8"])))
+        plan = plans[key] = (kernel, global_size, (32 * config["KW"], 1))
+    return plan
+
+
 def _int4_mma(rt, x, w, out, silu=False):
     """out = x @ W.T (``silu``: silu(x @ W_gate.T) * (x @ W_up.T)) on the matrix units, any number of tokens."""
     n, rows = out.shape
     k = w.shape[1]
-    config = _mma_config(rt, n, rows, k, silu)
-    kernel = rt.kernel("int4_mma", "int4_mma", SILU=silu, X_UNALIGNED=x.offset % 4 != 0, **config)
+    kernel, global_size, local_size = _mma_plan(rt, silu, n, rows, k, x.offset % 4 != 0)
     rt.launch(
         kernel,
-        (-(-rows // (16 * config["MT"])) * 32 * config["KW"], -(-n // (8 * config["NT8"]))),
-        (32 * config["KW"], 1),
+        global_size,
+        local_size,
         *_int4_weight_args(w),
         x,
         out,

@@ -245,7 +245,7 @@ class Scheduler:
         if batch:
             picks = self._picks(batch)
             start = time.perf_counter()
-            tokens, slots, positions = [s.pending for s in batch], [s.slot for s in batch], [s.position for s in batch]
+            tokens, slots, positions = self._decode_args(batch)
             rows = engine.decode(tokens, slots, positions, **picks)
             self._record_step("decode", start, len(batch))
             self._accept_rows(batch, rows, bool(picks))
@@ -262,7 +262,7 @@ class Scheduler:
             if "sampling" in picks:
                 picks["sampling"] = np.concatenate([picks["sampling"], picks["sampling"][-1:]])
         start = time.perf_counter()
-        tokens, slots, positions = [s.pending for s in batch], [s.slot for s in batch], [s.position for s in batch]
+        tokens, slots, positions = self._decode_args(batch)
         rows = self.engine.decode(
             tokens, slots, positions, prompt=(chunk, prefilling.slot, prefilling.prefilled), **picks
         )
@@ -273,14 +273,19 @@ class Scheduler:
             prefilling.position = len(prompt)
             self._accept_rows([prefilling], rows[-1:], bool(picks), advance=False)
 
+    @staticmethod
+    def _decode_args(batch: list[_Sequence]) -> tuple[list[int], list[int], list[int]]:
+        """engine.decode's tokens, slots and positions for ``batch``."""
+        return [s.pending for s in batch], [s.slot for s in batch], [s.position for s in batch]
+
     def _decode_batch(self) -> list[_Sequence]:
         return [s for s in self._running if s.pending is not None and not s.done and not s.request.cancelled]
 
     @staticmethod
     def _picks(seqs: list[_Sequence]) -> dict:
         """How the engine picks the next tokens: argmax when every sequence is plain greedy, a draw on the
-        engine when every one is greedy or a temperature/min-p draw (the draws each sequence's Sampler would
-        make from the logits: sampling.engine_draw), else the logits come back."""
+        engine when none has a repetition penalty (greedy, or drawn with any filters: the draws each sequence's
+        Sampler would make from the logits, sampling.engine_draw), else the logits come back."""
         if all(s.request.sampling.plain_argmax for s in seqs):
             return {"argmax": True}
         if all(s.request.sampling.engine_sampleable for s in seqs):
@@ -295,7 +300,8 @@ class Scheduler:
 
     def _accept_rows(self, seqs: list[_Sequence], rows: np.ndarray, picked: bool, advance: bool = True) -> None:
         for seq, row in zip(seqs, rows, strict=True):
-            seq.position += advance
+            if advance:  # the row fed the pending token at seq.position
+                seq.position += 1
             if picked:
                 self._accept(seq, token=int(row))
             else:

@@ -5,11 +5,13 @@
 #define NORM_WG 256  // threads per row (set by ops.py)
 #endif
 
-inline float sum_over_group(__local float* scratch, float value) {
+// The sum of ``value`` over a work-group of ``size`` threads (a power of two; a constant at every call, so the
+// loop unrolls); scratch holds ``size`` floats.
+inline float sum_over_group(__local float* scratch, float value, int size) {
     const int lid = get_local_id(0);
     scratch[lid] = value;
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int stride = NORM_WG / 2; stride > 0; stride >>= 1) {
+    for (int stride = size / 2; stride > 0; stride >>= 1) {
         if (lid < stride) scratch[lid] += scratch[lid + stride];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
@@ -30,7 +32,7 @@ __kernel __attribute__((reqd_work_group_size(NORM_WG, 1, 1))) void rmsnorm(
         const float v = x[x_off + base + c];
         sq += v * v;
     }
-    const float inv = 1.0f / sqrt(sum_over_group(scratch, sq) / (float)d + eps);
+    const float inv = 1.0f / sqrt(sum_over_group(scratch, sq, NORM_WG) / (float)d + eps);
     for (int c = lid; c < d; c += NORM_WG) out[out_off + base + c] = x[x_off + base + c] * inv * weight[w_off + c];
 }
 
@@ -47,7 +49,7 @@ __kernel __attribute__((reqd_work_group_size(NORM_WG, 1, 1))) void add_rmsnorm(
         residual[r_off + base + c] = v;
         sq += v * v;
     }
-    const float inv = 1.0f / sqrt(sum_over_group(scratch, sq) / (float)d + eps);
+    const float inv = 1.0f / sqrt(sum_over_group(scratch, sq, NORM_WG) / (float)d + eps);
     for (int c = lid; c < d; c += NORM_WG)
         out[out_off + base + c] = residual[r_off + base + c] * inv * weight[w_off + c];
 }
@@ -138,17 +140,30 @@ inline uint order_key(float v) {
     return isnan(v) ? 0u : (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-inline float group_sum(float v, __local float* scratch) {
-    const int lid = get_local_id(0);
-    scratch[lid] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int stride = ARGMAX_WG / 2; stride > 0; stride >>= 1) {
-        if (lid < stride) scratch[lid] += scratch[lid + stride];
-        barrier(CLK_LOCAL_MEM_FENCE);
+// Over a row's tempered values (values - top) / T whose keys are at or above floor_key (NaN never): how many
+// (weighted 0) or the sum of their exp (weighted 1), over the whole work-group.
+inline float tally_from(__global const float* values, int vocab, float top, float temperature, uint floor_key,
+                        int weighted, __local float* scratch) {
+    float total = 0.0f;  // a count is exact: vocab < 2^24
+    for (int i = get_local_id(0); i < vocab; i += ARGMAX_WG) {
+        const float v = (values[i] - top) / temperature;
+        const uint k = order_key(v);
+        if (k > 0u && k >= floor_key) total += weighted ? exp(v) : 1.0f;
     }
-    const float total = scratch[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return total;
+    return sum_over_group(scratch, total, ARGMAX_WG);
+}
+
+// The largest key (not below floor_key) whose tally from it up reaches target: a bisection over its 32 bits,
+// one pass over the row per bit.
+inline uint largest_key_reaching(__global const float* values, int vocab, float top, float temperature,
+                                 uint floor_key, int weighted, float target, __local float* scratch) {
+    uint key = 0;
+    for (int bit = 31; bit >= 0; --bit) {
+        const uint candidate = key | (1u << bit);
+        if (tally_from(values, vocab, top, temperature, max(candidate, floor_key), weighted, scratch) >= target)
+            key = candidate;
+    }
+    return key;
 }
 
 // Global size (ARGMAX_WG * n): one work-group per row.
@@ -176,37 +191,16 @@ __kernel __attribute__((reqd_work_group_size(ARGMAX_WG, 1, 1))) void sample_rows
         top = isinf(best_v[0]) ? 0.0f : best_v[0];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-#define SCALED(i) ((values[i] - top) / temperature)
     // Top-k: the largest key with at least k values at or above it is the k-th largest value (k past the
-    // number of values leaves 0: no filter). 32 counting passes, one per bit.
+    // number of values leaves 0: no filter). Top-p, over what top-k kept: the largest key whose values at or
+    // above it hold top_p of that mass.
     uint threshold = 0;
-    if (temperature > 0.0f && top_k > 0) {
-        for (int bit = 31; bit >= 0; --bit) {
-            const uint candidate = threshold | (1u << bit);
-            float count = 0.0f;  // exact: vocab < 2^24
-            for (int i = lid; i < vocab; i += ARGMAX_WG) count += order_key(SCALED(i)) >= candidate ? 1.0f : 0.0f;
-            if (group_sum(count, best_v) >= (float)top_k) threshold = candidate;
-        }
-    }
-    // Top-p over what top-k kept: the largest key whose values at or above it hold top_p of the mass.
+    if (temperature > 0.0f && top_k > 0)
+        threshold = largest_key_reaching(values, vocab, top, temperature, 0u, 0, (float)top_k, best_v);
     if (temperature > 0.0f && top_p < 1.0f) {
-        float z = 0.0f;
-        for (int i = lid; i < vocab; i += ARGMAX_WG) {
-            const float v = SCALED(i);
-            const uint k = order_key(v);
-            z += k > 0u && k >= threshold ? exp(v) : 0.0f;
-        }
-        const float target = top_p * group_sum(z, best_v) * (1.0f - 0x1p-20f);  // sampling.TOP_P_SLACK
-        uint nucleus = 0;
-        for (int bit = 31; bit >= 0; --bit) {
-            const uint candidate = nucleus | (1u << bit), floor_key = max(candidate, threshold);
-            float mass = 0.0f;
-            for (int i = lid; i < vocab; i += ARGMAX_WG) {
-                const float v = SCALED(i);
-                mass += order_key(v) >= floor_key ? exp(v) : 0.0f;
-            }
-            if (group_sum(mass, best_v) >= target) nucleus = candidate;
-        }
+        const float mass = tally_from(values, vocab, top, temperature, threshold, 1, best_v);
+        const float target = top_p * mass * (1.0f - 0x1p-20f);  // sampling.TOP_P_SLACK
+        const uint nucleus = largest_key_reaching(values, vocab, top, temperature, threshold, 1, target, best_v);
         threshold = max(threshold, nucleus);
     }
     const float cut = min_p > 0.0f ? log(min_p) : -INFINITY;
@@ -216,7 +210,7 @@ __kernel __attribute__((reqd_work_group_size(ARGMAX_WG, 1, 1))) void sample_rows
     for (int i = lid; i < vocab; i += ARGMAX_WG) {
         float v = values[i];
         if (temperature > 0.0f) {
-            const float scaled = SCALED(i);
+            const float scaled = (v - top) / temperature;
             const uint k = order_key(scaled);
             // 23 random bits: (bits + 0.5) / 2^23 is exact and strictly inside (0, 1).
             const float u = ((float)(mix32(key ^ ((uint)i * 0x85ebca6bU)) >> 9) + 0.5f) * (1.0f / 8388608.0f);
@@ -227,7 +221,6 @@ __kernel __attribute__((reqd_work_group_size(ARGMAX_WG, 1, 1))) void sample_rows
             at = i;
         }
     }
-#undef SCALED
     const int winner = group_argmax(best, at, best_v, best_i);
     if (lid == 0) out[out_off + row] = winner;
 }
