@@ -101,6 +101,11 @@ def matmul_case(rt, m: int, k: int, n: int, rng: np.random.Generator) -> dict:
     return row
 
 
+def ms_by_kernel(seconds: dict[str, float], steps: int) -> dict[str, float]:
+    """Device milliseconds per step of each kernel (kernel_seconds() over ``steps`` steps), largest first."""
+    return {name: round(1e3 * s / steps, 3) for name, s in sorted(seconds.items(), key=lambda kv: -kv[1])}
+
+
 def end_to_end(rt, quick: bool, kv_dtype: str = "float32") -> dict:
     config = LLAMA2_7B
     build = time.perf_counter()
@@ -141,9 +146,7 @@ def end_to_end(rt, quick: bool, kv_dtype: str = "float32") -> dict:
         kernel_seconds()  # clear, then record device time per kernel over a few decode steps
         for i in range(8):
             engine.decode([token], [0], [prompt_len + gen + i])
-        result["decode_device_ms_per_token_by_kernel"] = {
-            k: round(1e3 * v / 8, 3) for k, v in sorted(kernel_seconds().items(), key=lambda kv: -kv[1])
-        }
+        result["decode_device_ms_per_token_by_kernel"] = ms_by_kernel(kernel_seconds(), 8)
     profile = rt.ops.start_profiling()
     for i in range(min(gen, 16)):
         engine.decode([token], [0], [prompt_len + gen + i])

@@ -14,14 +14,19 @@ import argparse
 import dataclasses
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
-from perfx_core.model import LlamaModel
-from perfx_core.plugins import get_registry
-from perfx_core.synthetic import LLAMA2_7B, random_llama_weights
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_ops import ms_by_kernel  # noqa: E402
+
+from perfx_core.model import LlamaModel  # noqa: E402
+from perfx_core.plugins import get_registry  # noqa: E402
+from perfx_core.synthetic import LLAMA2_7B, random_llama_weights  # noqa: E402
 
 
 def measure(rt, step: Callable[[], object], repeats: int) -> dict:
@@ -39,10 +44,7 @@ def measure(rt, step: Callable[[], object], repeats: int) -> dict:
                 step()
             by_kernel = rt.kernel_seconds()
         row["device_ms"] = round(1e3 * sum(by_kernel.values()) / repeats, 3)
-        row["device_ms_by_kernel"] = {
-            name: round(1e3 * seconds / repeats, 3)
-            for name, seconds in sorted(by_kernel.items(), key=lambda kv: -kv[1])
-        }
+        row["device_ms_by_kernel"] = ms_by_kernel(by_kernel, repeats)
     return row
 
 
