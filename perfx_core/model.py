@@ -75,6 +75,7 @@ class LlamaModel:
         # Recorded steps: decode by (batch size, signature, pick on device), mixed steps by (("mixed", batch size,
         # prompt rows), (decode signature, prompt signature), pick), prefill by ("prefill", length, signature).
         self._graphs: dict[Any, Any] = {}
+        self.recordings = 0  # graphs recorded so far (a recording step runs the ops' Python: slower than a replay)
 
     def _upload_weights(self, weights: LlamaWeights) -> None:
         rt = self.rt
@@ -339,6 +340,7 @@ class LlamaModel:
             if len(self._graphs) >= MAX_GRAPHS:
                 self._graphs.pop(next(iter(self._graphs)))  # the oldest
             self._graphs[key] = graph
+            self.recordings += 1
 
     def warm_up(self, mixed_steps: bool = False) -> None:
         """Run the kernel variants a server uses once, so compiling them (an OpenCL build takes ~0.3 s) and

@@ -139,10 +139,12 @@ def engine_ceiling(model: str | None, backend: str, batch: int, steps: int = 8) 
 
 
 def engine_seconds(url: str, headers: dict) -> dict[str, float]:
-    """Seconds the server's engine has spent per step kind (perfx_engine_step_seconds_sum in /metrics), with
-    the step counts ("<kind>_steps") and the decode rows run ("decode_rows")."""
+    """Counters read from the server's /metrics: seconds its engine has spent per step kind
+    (perfx_engine_step_seconds_sum) with the step counts ("<kind>_steps"), the decode rows run ("decode_rows"),
+    the steps recorded as graphs ("recordings"), and the server-side histograms of inter-token gaps ("itl_le",
+    by bound) and of step seconds ("step_le", by kind, then bound)."""
     text = httpx.get(url + "/metrics", headers=headers, timeout=10).text
-    found = {}
+    found: dict = {"itl_le": {}, "step_le": {}}
     for line in text.splitlines():
         for prefix, suffix in (("perfx_engine_step_seconds_sum{", ""), ("perfx_engine_step_seconds_count{", "_steps")):
             if line.startswith(prefix):
@@ -150,13 +152,40 @@ def engine_seconds(url: str, headers: dict) -> dict[str, float]:
                 found[kind + suffix] = float(line.split()[-1])
         if line.startswith("perfx_decode_batch_size_sum "):
             found["decode_rows"] = float(line.split()[-1])
+        if line.startswith("perfx_engine_step_recordings "):
+            found["recordings"] = float(line.split()[-1])
+        if line.startswith("perfx_engine_step_seconds_bucket{"):
+            kind = line.split('kind="', 1)[1].split('"', 1)[0]
+            bound = line.split('le="', 1)[1].split('"', 1)[0]
+            found["step_le"].setdefault(kind, {})[float(bound)] = float(line.split()[-1])
+        if line.startswith("perfx_inter_token_latency_seconds_bucket{"):
+            bound = line.split('le="', 1)[1].split('"', 1)[0]
+            found["itl_le"][float(bound)] = float(line.split()[-1])
     return found
 
 
-def step_summary(before: dict[str, float], after: dict[str, float], wall: float) -> dict:
+def histogram_quantile(q: float, cumulative: dict[float, float]) -> float | None:
+    """The q-quantile of a cumulative Prometheus histogram ({upper bound: count}), interpolating linearly
+    inside the bucket it falls in (as Prometheus' histogram_quantile does); None when it is empty."""
+    bounds = sorted(cumulative)
+    total = cumulative[bounds[-1]] if bounds else 0
+    if not total:
+        return None
+    rank, lower, below = q * total, 0.0, 0.0
+    for bound in bounds:
+        if cumulative[bound] >= rank:
+            if bound == float("inf"):
+                return lower
+            return lower + (bound - lower) * (rank - below) / max(cumulative[bound] - below, 1e-12)
+        lower, below = bound, cumulative[bound]
+    return lower
+
+
+def step_summary(before: dict, after: dict, wall: float) -> dict:
     """Engine busy share per step kind over a level (decode, mixed: decode rows + a prompt chunk, prefill), and
-    its steps: count, mean milliseconds; the mean number of decode rows per decode or mixed step."""
-    delta = {key: after[key] - before.get(key, 0.0) for key in after}
+    its steps: count, mean milliseconds; the mean number of decode rows per decode or mixed step; the steps
+    recorded during the level; the server's own inter-token p50/p99 (from its histogram: no client in it)."""
+    delta = {key: after[key] - before.get(key, 0.0) for key in after if key not in ("itl_le", "step_le")}
     summary: dict = {"engine_busy": {}, "steps": {}}
     for kind in ("decode", "mixed", "prefill"):
         if kind in delta:
@@ -164,9 +193,21 @@ def step_summary(before: dict[str, float], after: dict[str, float], wall: float)
             count = delta.get(kind + "_steps", 0)
             if count:
                 summary["steps"][kind] = {"count": int(count), "mean_ms": round(1e3 * delta[kind] / count, 2)}
+                cumulative = after["step_le"].get(kind, {})
+                earlier = before.get("step_le", {}).get(kind, {})
+                p99 = histogram_quantile(0.99, {b: c - earlier.get(b, 0.0) for b, c in cumulative.items()})
+                if p99 is not None:
+                    summary["steps"][kind]["p99_ms"] = round(1e3 * p99, 2)
     batched = sum(summary["steps"].get(kind, {}).get("count", 0) for kind in ("decode", "mixed"))
     if batched and "decode_rows" in delta:
         summary["decode_rows_per_step"] = round(delta["decode_rows"] / batched, 2)
+    if "recordings" in delta:
+        summary["steps_recorded"] = int(delta["recordings"])
+    itl = {bound: count - before["itl_le"].get(bound, 0.0) for bound, count in after["itl_le"].items()}
+    for q in (50, 99):
+        value = histogram_quantile(q / 100, itl)
+        if value is not None:
+            summary[f"server_itl_ms_p{q}"] = round(1e3 * value, 2)
     return summary
 
 
@@ -197,8 +238,7 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     ]
     if args.model:
         command.insert(3, args.model)
-    if args.mixed_steps:
-        command.append("--mixed-steps")
+    command.append("--mixed-steps" if args.mixed_steps else "--no-mixed-steps")
     env = {k: v for k, v in os.environ.items() if k != "PERFX_API_KEY"}
     process = subprocess.Popen(command, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -223,7 +263,12 @@ def main() -> int:
     parser.add_argument("--model", help="model for the server this script starts")
     parser.add_argument("--backend", default="numpy")
     parser.add_argument("--max-running", type=int, default=16, help="--max-running of the started server")
-    parser.add_argument("--mixed-steps", action="store_true", help="--mixed-steps of the started server")
+    parser.add_argument(
+        "--mixed-steps",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="--mixed-steps / --no-mixed-steps of the started server (default: on, as the server)",
+    )
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--concurrency", default="1,4,16,64", help="comma-separated levels")
     parser.add_argument("--requests", type=int, help="requests per level (default: max(4, 2 x concurrency))")
@@ -282,8 +327,16 @@ def main() -> int:
             rows = f" (mean decode rows per step {r['decode_rows_per_step']})" if "decode_rows_per_step" in r else ""
             print(
                 "      steps: "
-                + ", ".join(f"{kind} {v['count']} x {v['mean_ms']} ms" for kind, v in sorted(steps.items()))
+                + ", ".join(
+                    f"{kind} {v['count']} x {v['mean_ms']} ms (p99 {v.get('p99_ms', '?')})"
+                    for kind, v in sorted(steps.items())
+                )
                 + rows
+            )
+        if "server_itl_ms_p99" in r:
+            print(
+                f"      server side: ITL p50 {r['server_itl_ms_p50']} ms, p99 {r['server_itl_ms_p99']} ms; "
+                f"steps recorded during the level: {r.get('steps_recorded', '?')}"
             )
         for error in r["errors"]:
             print(f"      error: {error}")

@@ -255,13 +255,14 @@ def test_recorded_decode_steps_replay_exactly(registry, smollm2_path, monkeypatc
             return out
 
         plain = run("0")
-        assert not model._graphs
+        assert not model._graphs and model.recordings == 0
         replays = []
         replay = rt.replay
         monkeypatch.setattr(rt, "replay", lambda graph, inputs: (replays.append(graph), replay(graph, inputs)))
         replayed = run("1")
         assert len(replays) == 2 + 70 - 4  # every prompt and step but the first of its kind
         assert {key[0] for key in model._graphs} == {"prefill", 1, 3} and len(model._graphs) == 5  # + 2 x 2 decode
+        assert model.recordings == 5  # what a server's /metrics shows as perfx_engine_step_recordings
         for a, b in zip(plain, replayed, strict=True):
             np.testing.assert_array_equal(a, b)
     finally:

@@ -327,10 +327,12 @@ def test_client_disconnect_cancels_and_frees_the_slot(server):
     assert server.metrics()['perfx_requests_finished_total{finish_reason="cancelled"}'] == 1
 
 
-def test_mixed_steps_give_the_greedy_text(greedy):
-    """With --mixed-steps the prompts of requests arriving while another decodes ride in its decode steps
-    (metric kind "mixed"), and every request still gets generate()'s greedy text."""
-    server = Server("--max-running", "3", "--mixed-steps").wait_ready()
+@pytest.mark.parametrize("flag", ["--mixed-steps", "--no-mixed-steps"])
+def test_prompts_joining_a_decode_give_the_greedy_text(greedy, flag):
+    """With mixed steps (the default) the prompts of requests arriving while another decodes ride in its decode
+    steps (metric kind "mixed"); without, they are prefilled between them. Every request gets generate()'s
+    greedy text either way."""
+    server = Server("--max-running", "3", flag).wait_ready()
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
     try:
         first = client.completions.create(
@@ -360,7 +362,8 @@ def test_mixed_steps_give_the_greedy_text(greedy):
             t.join(120)
         list(first)
         assert texts == {0: greedy["completion"], 1: greedy["completion"]}
-        assert server.metrics()['perfx_engine_step_seconds_count{kind="mixed"}'] >= 1
+        mixed = server.metrics().get('perfx_engine_step_seconds_count{kind="mixed"}', 0)
+        assert mixed >= 1 if flag == "--mixed-steps" else mixed == 0
     finally:
         server.stop()
 
@@ -401,3 +404,38 @@ def test_cli_errors_are_perfx_errors_before_loading(tmp_path):
                 timeout=60,
             )
             assert run.returncode == 2 and message in run.stderr, run.stderr
+
+
+def test_event_post_delivers_every_event_in_order_with_fewer_wake_ups():
+    """The scheduler thread's tokens reach each request's queue in order, through one loop wake-up per burst
+    instead of one per event; posting after the loop closed is silently dropped (nobody is listening)."""
+    import asyncio
+
+    from perfx_core.serving.app import _EventPost
+
+    loop = asyncio.new_event_loop()
+    wake_ups = []
+    real_call = loop.call_soon_threadsafe
+    loop.call_soon_threadsafe = lambda *a: (wake_ups.append(1), real_call(*a))[1]
+    post = _EventPost(loop)
+    queues = [asyncio.Queue() for _ in range(4)]
+
+    def scheduler_thread() -> None:
+        for step in range(50):  # a step emits one token to every request at once
+            for i, queue in enumerate(queues):
+                post.post(queue, (i, step))
+
+    async def receive_all() -> list[list]:
+        thread = threading.Thread(target=scheduler_thread)
+        thread.start()
+        received = [[await q.get() for _ in range(50)] for q in queues]
+        thread.join()
+        return received
+
+    try:
+        received = loop.run_until_complete(asyncio.wait_for(receive_all(), 30))
+    finally:
+        loop.close()
+    assert received == [[(i, step) for step in range(50)] for i in range(4)]
+    assert 1 <= len(wake_ups) < 200
+    post.post(queues[0], "late")  # the loop is closed: no error in the scheduler thread

@@ -8,6 +8,7 @@ scheduler thread then owns it. Each request gets an asyncio.Queue that the sched
 from __future__ import annotations
 
 import asyncio
+import gc
 import hmac
 import json
 import logging
@@ -50,6 +51,12 @@ class ServerState:
         self.on_load_failed = on_load_failed
         self._closed = False
         self._lock = threading.Lock()
+        self._posts: dict[asyncio.AbstractEventLoop, _EventPost] = {}
+
+    def event_post(self, loop: asyncio.AbstractEventLoop) -> _EventPost:
+        """The scheduler-to-``loop`` hand-off shared by every request served on that loop."""
+        with self._lock:
+            return self._posts.setdefault(loop, _EventPost(loop))
 
     def load(self) -> None:
         """Runs in a background thread: load the model, then start the scheduler that owns it."""
@@ -68,6 +75,11 @@ class ServerState:
             )
             # Kernels compile and steps are recorded now (/health still 503), not while requests wait.
             model.engine.warm_up(mixed_steps=c.mixed_steps)
+            # The model, its kernels and its recorded steps are ~10^5 long-lived objects that a full garbage
+            # collection would walk (~0.1 s on a small VM), stalling every stream at once. Nothing among them is
+            # ever garbage, so they move out of the collector's view.
+            gc.collect()
+            gc.freeze()
             scheduler = Scheduler(
                 model.engine,
                 model.tokenizer,
@@ -105,6 +117,7 @@ class ServerState:
             scheduler.stop()
         if model is not None and (scheduler is None or scheduler.stopped):
             model.close()  # a step still running past stop()'s timeout keeps the model; the process is ending
+            gc.unfreeze()  # what the model left in reference cycles can be collected again
 
     def ready_scheduler(self) -> Scheduler:
         if self.scheduler is None:
@@ -172,18 +185,42 @@ def _sse(data: Any) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-class _Stream:
-    """One request's hand-off from the scheduler thread to the event loop."""
+class _EventPost:
+    """Hands events from the scheduler thread to one event loop, waking the loop once per burst: a step emits
+    a token to every running request at once, and one wake-up per event would have the loop's thread contend
+    for the GIL with the scheduler's next step that many times."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
+        self._lock = threading.Lock()
+        self._pending: list[tuple[asyncio.Queue, Any]] = []
+
+    def post(self, queue: asyncio.Queue, event: Any) -> None:  # scheduler thread
+        with self._lock:
+            self._pending.append((queue, event))
+            if len(self._pending) > 1:  # a delivery is already on its way and will take this one too
+                return
+        try:
+            self.loop.call_soon_threadsafe(self._deliver)
+        except RuntimeError:  # the loop is closed: the server is gone, nobody is listening
+            pass
+
+    def _deliver(self) -> None:  # event loop
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for queue, event in pending:
+            queue.put_nowait(event)
+
+
+class _Stream:
+    """One request's hand-off from the scheduler thread to the event loop."""
+
+    def __init__(self, post: _EventPost):
+        self.post = post
         self.queue: asyncio.Queue = asyncio.Queue()
 
     def emit(self, event: Any) -> None:  # scheduler thread
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
-        except RuntimeError:  # the loop is closed: the server is gone, nobody is listening
-            pass
+        self.post.post(self.queue, event)
 
 
 class _GenerationResponse(StreamingResponse):
@@ -254,7 +291,7 @@ def create_app(config: ServerConfig, on_load_failed: Callable[[BaseException], N
         except APIError as error:
             state.metrics.requests_rejected.labels(str(error.status)).inc()
             return error_response(error)
-        stream = _Stream(asyncio.get_running_loop())
+        stream = _Stream(state.event_post(asyncio.get_running_loop()))
         job = GenerationRequest(
             parsed.prompt_ids,
             parsed.max_tokens,

@@ -6,9 +6,12 @@ import argparse
 import logging
 import os
 import socket
+import sys
 
 from ..errors import InvalidArgumentError
 from .config import DEFAULT_MAX_BODY_BYTES, ServeError, ServerConfig
+
+SWITCH_INTERVAL_S = 0.001  # the GIL switch interval of a serving process (see cmd_serve)
 
 
 def add_commands(subparsers) -> None:
@@ -27,8 +30,10 @@ def add_commands(subparsers) -> None:
     serve.add_argument("--prefill-chunk", type=int, default=64, help="prompt tokens prefilled per scheduler step")
     serve.add_argument(
         "--mixed-steps",
-        action="store_true",
-        help="run prompt chunks (16 tokens per step) in the same forward pass as the decode rows (docs/serving.md)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run prompt chunks (16 tokens per step) in the same forward pass as the decode rows "
+        "(default: on; docs/serving.md has the measurements)",
     )
     serve.add_argument(
         "--api-key",
@@ -74,6 +79,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if server is not None:
             server.should_exit = True
 
+    # Two threads share the GIL here: the scheduler (latency-critical: it queues each step's kernels) and the
+    # event loop (streaming). At the default 5 ms switch interval a step could wait up to 5 ms for the loop's
+    # thread to let go; 1 ms bounds that wait below a GPU decode step.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     app = create_app(config, on_load_failed=on_load_failed)
     server = uvicorn.Server(
         uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)

@@ -23,7 +23,7 @@ class ServerConfig:
     max_running: int = 8  # sequences decoded together; one KV-cache slot each
     max_queue: int = 64  # requests waiting for a slot; more get 429
     prefill_chunk: int = 64  # prompt tokens prefilled per scheduler iteration
-    mixed_steps: bool = False  # a prompt chunk in the decode step's forward pass (docs/serving.md: measured)
+    mixed_steps: bool = True  # a prompt chunk in the decode step's forward pass (docs/serving.md: measured)
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 

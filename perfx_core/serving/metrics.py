@@ -12,7 +12,11 @@ if TYPE_CHECKING:
     from .scheduler import Scheduler
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10, 30, 60)
+# Fine below 20 ms: a GPU decode step takes 3-10 ms, and the p99 of inter-token gaps is read from these.
+LATENCY_BUCKETS = (
+    *(i / 1000 for i in range(1, 11)),  # 1 .. 10 ms by 1 ms
+    0.0125, 0.015, 0.0175, 0.02, 0.025, 0.03, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10, 30, 60,
+)  # fmt: skip
 
 
 class ServerMetrics:
@@ -61,6 +65,11 @@ class ServerMetrics:
         self._gauge("perfx_kv_cache_slots_used", "KV-cache slots in use", lambda s: s.slots_used)
         self._gauge("perfx_kv_cache_slots_total", "KV-cache slots (= --max-running)", lambda s: s.n_slots)
         self._gauge("perfx_max_decode_batch_size", "Largest decode batch so far", lambda s: s.max_batch_size)
+        self._gauge(
+            "perfx_engine_step_recordings",
+            "Engine steps recorded as graphs since start (after warm-up each one is a slow first step)",
+            lambda s: s.engine.recordings,
+        )
 
     def _gauge(self, name: str, doc: str, read: Callable[[Scheduler], float]) -> None:
         gauge = Gauge(name, doc, registry=self.registry)

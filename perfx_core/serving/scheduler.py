@@ -108,7 +108,7 @@ class Scheduler:
         max_queue: int,
         prefill_chunk: int,
         metrics: ServerMetrics | None = None,
-        mixed_steps: bool = False,
+        mixed_steps: bool = True,
     ):
         self.engine = engine
         self.tokenizer = tokenizer
