@@ -358,9 +358,10 @@ def _argmax_case(n: int, vocab: int, special: str) -> tuple[str, float, Body]:
 
 
 def _sample_case(
-    n: int, vocab: int, temperature: float, min_p: float, top_k: int = 0, top_p: float = 1.0
+    n: int, vocab: int, temperature: float, min_p: float, top_k: int = 0, top_p: float = 1.0, ties: bool = False
 ) -> tuple[str, float, Body]:
-    """sample: every row the same logits, each its own seed and step. The draws must be the reference's
+    """sample: every row the same logits (with ``ties``, whole numbers: many equal values at every threshold),
+    each its own seed and step. The draws must be the reference's
     (sampling.engine_draw; at most 1% may differ, from float rounding near ties and filter thresholds), follow
     the tempered softmax over what the filters keep, and never pick a token they remove."""
     limit = 0.01
@@ -369,6 +370,8 @@ def _sample_case(
         from .sampling import ENGINE_ROW, engine_draw, engine_keep, engine_params
 
         base = (rng.standard_normal(vocab) * 2).astype(np.float32)
+        if ties:
+            base = np.round(base * 2)
         logits = np.tile(base, (n, 1))
         rows = np.stack([engine_params(temperature, min_p, 1000 + i, 3 * i, top_k, top_p) for i in range(n)])
         out = t.int_output("out", (n,))
@@ -392,7 +395,8 @@ def _sample_case(
         if np.abs(freq - probs).max() > 4 / np.sqrt(n):  # ~4 standard deviations of a frequency
             t.problems.append(f"draw frequencies {np.round(freq, 3)} do not follow the softmax {np.round(probs, 3)}")
 
-    return f"n={n} vocab={vocab} T={temperature:g} min_p={min_p:g} top_k={top_k} top_p={top_p:g}", limit, body
+    name = f"n={n} vocab={vocab} T={temperature:g} min_p={min_p:g} top_k={top_k} top_p={top_p:g}"
+    return name + (" tied values" if ties else ""), limit, body
 
 
 def _sample_edge_case() -> tuple[str, float, Body]:
@@ -611,6 +615,8 @@ def _cases(op: str) -> list[tuple[str, float, Body]]:
             _sample_case(2048, 6, 1.0, 0.0, top_p=0.7),
             _sample_case(512, 1000, 0.7, 0.02, top_k=40, top_p=0.95),  # the default sampling parameters
             _sample_case(9, 49152, 1.3, 0.0, top_k=0, top_p=0.9),
+            _sample_case(512, 1000, 0.8, 0.0, top_k=40, top_p=0.9, ties=True),
+            _sample_case(256, 4096, 1.0, 0.0, top_k=1500, top_p=0.9),  # more kept than a device may gather
             _sample_edge_case(),
         ]
     if op == "linear_add_rmsnorm":

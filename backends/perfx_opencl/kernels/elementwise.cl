@@ -154,7 +154,7 @@ inline float tally_from(__global const float* values, int vocab, float top, floa
 }
 
 // The largest key (not below floor_key) whose tally from it up reaches target: a bisection over its 32 bits,
-// one pass over the row per bit.
+// one pass over the row per bit. (Top-p when top-k kept too many tokens to gather, or is off.)
 inline uint largest_key_reaching(__global const float* values, int vocab, float top, float temperature,
                                  uint floor_key, int weighted, float target, __local float* scratch) {
     uint key = 0;
@@ -166,11 +166,105 @@ inline uint largest_key_reaching(__global const float* values, int vocab, float 
     return key;
 }
 
+// The k-th largest key of the row's tempered values (0 when fewer than k are not NaN): what the bisection
+// above finds for counts, in 4 passes instead of 32. Pass p counts the values that share the key's bytes
+// found so far by their next byte (a 256-bin histogram in local memory) and keeps the byte where the count
+// from the top reaches the rank still wanted. Counts are integers, so the result is exactly the bisection's.
+#define RADIX_BINS 256
+#if ARGMAX_WG < RADIX_BINS
+#error "sample_rows keeps its radix bins in best_i: ARGMAX_WG must be at least RADIX_BINS"
+#endif
+inline uint kth_largest_key(__global const float* values, int vocab, float top, float temperature, int k,
+                            __local int* bins, __local int* chosen) {
+    const int lid = get_local_id(0);
+    uint prefix = 0, mask = 0;
+    int wanted = k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = lid; b < RADIX_BINS; b += ARGMAX_WG) bins[b] = 0;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int i = lid; i < vocab; i += ARGMAX_WG) {
+            const uint key = order_key((values[i] - top) / temperature);
+            if (key > 0u && (key & mask) == prefix) atomic_inc(&bins[(key >> shift) & 0xFFu]);
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (lid == 0) {  // 256 bins: a serial walk from the top is cheaper than another barrier ladder
+            int above = 0, byte = RADIX_BINS - 1;
+            while (byte >= 0 && above + bins[byte] < wanted) above += bins[byte--];
+            chosen[0] = byte, chosen[1] = wanted - above;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        const int byte = chosen[0];
+        wanted = chosen[1];
+        barrier(CLK_LOCAL_MEM_FENCE);  // chosen is rewritten by the next pass
+        if (byte < 0) return 0u;  // fewer than k values: no filter
+        prefix |= (uint)byte << shift, mask |= 0xFFu << shift;
+    }
+    return prefix;
+}
+
+// Top-p over what top-k kept, when that fits SAMPLE_KEPT values: each work-item gathers its own kept values
+// (tempered) into local memory, in the order it visits them, so every sum below adds the same terms in the
+// same order as the passes over the whole row do (tally_from) and gives the same threshold, bit for bit;
+// the bisection then reads local memory instead of the row. Returns 0 without touching the row's threshold
+// when too many were kept (the caller falls back to the row passes).
+#ifndef SAMPLE_KEPT
+#define SAMPLE_KEPT 1024
+#endif
+inline uint nucleus_key_kept(__global const float* values, int vocab, float top, float temperature, uint floor_key,
+                             float top_p, __local float* kept, __local int* offsets, __local float* scratch,
+                             int* fits) {
+    const int lid = get_local_id(0);
+    int mine = 0;
+    for (int i = lid; i < vocab; i += ARGMAX_WG) {
+        const uint key = order_key((values[i] - top) / temperature);
+        mine += key > 0u && key >= floor_key;
+    }
+    offsets[lid] = mine;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lid == 0) {  // exclusive prefix sums of the work-items' counts; the total last
+        int total = 0;
+        for (int t = 0; t < ARGMAX_WG; ++t) {
+            const int c = offsets[t];
+            offsets[t] = total;
+            total += c;
+        }
+        offsets[ARGMAX_WG] = total;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    *fits = offsets[ARGMAX_WG] <= SAMPLE_KEPT;
+    if (!*fits) return 0u;
+    const int begin = offsets[lid];
+    int at = begin;
+    for (int i = lid; i < vocab; i += ARGMAX_WG) {
+        const float v = (values[i] - top) / temperature;
+        const uint key = order_key(v);
+        if (key > 0u && key >= floor_key) kept[at++] = v;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    // The mass over what was kept, then the bisection: the tally from a candidate key is each work-item's sum
+    // over its own kept values (as tally_from's), summed over the work-group.
+    float mass = 0.0f;
+    for (int j = begin; j < at; ++j) mass += exp(kept[j]);
+    mass = sum_over_group(scratch, mass, ARGMAX_WG);
+    const float target = top_p * mass * (1.0f - 0x1p-20f);  // sampling.TOP_P_SLACK
+    uint key = 0;
+    for (int bit = 31; bit >= 0; --bit) {
+        const uint candidate = max(key | (1u << bit), floor_key);
+        float total = 0.0f;
+        for (int j = begin; j < at; ++j) total += order_key(kept[j]) >= candidate ? exp(kept[j]) : 0.0f;
+        if (sum_over_group(scratch, total, ARGMAX_WG) >= target) key = key | (1u << bit);
+    }
+    return key;
+}
+
 // Global size (ARGMAX_WG * n): one work-group per row.
 __kernel __attribute__((reqd_work_group_size(ARGMAX_WG, 1, 1))) void sample_rows(
     __global const float* x, int x_off, __global const int* rows, __global int* out, int out_off, int vocab) {
     __local float best_v[ARGMAX_WG];
-    __local int best_i[ARGMAX_WG];
+    __local int best_i[ARGMAX_WG];  // also the radix bins of kth_largest_key (ARGMAX_WG >= RADIX_BINS)
+    __local int radix_chosen[2];
+    __local float kept[SAMPLE_KEPT];
+    __local int kept_offsets[ARGMAX_WG + 1];
     const int lid = get_local_id(0), row = get_group_id(0);
     __global const float* values = x + x_off + (size_t)row * vocab;
     __global const int* params = rows + SAMPLE_ROW * row;
@@ -196,11 +290,18 @@ __kernel __attribute__((reqd_work_group_size(ARGMAX_WG, 1, 1))) void sample_rows
     // above it hold top_p of that mass.
     uint threshold = 0;
     if (temperature > 0.0f && top_k > 0)
-        threshold = largest_key_reaching(values, vocab, top, temperature, 0u, 0, (float)top_k, best_v);
+        threshold = kth_largest_key(values, vocab, top, temperature, top_k, best_i, radix_chosen);
     if (temperature > 0.0f && top_p < 1.0f) {
-        const float mass = tally_from(values, vocab, top, temperature, threshold, 1, best_v);
-        const float target = top_p * mass * (1.0f - 0x1p-20f);  // sampling.TOP_P_SLACK
-        const uint nucleus = largest_key_reaching(values, vocab, top, temperature, threshold, 1, target, best_v);
+        int fits = 0;
+        uint nucleus = 0;
+        if (top_k > 0)
+            nucleus = nucleus_key_kept(values, vocab, top, temperature, threshold, top_p, kept, kept_offsets, best_v,
+                                       &fits);
+        if (!fits) {
+            const float mass = tally_from(values, vocab, top, temperature, threshold, 1, best_v);
+            const float target = top_p * mass * (1.0f - 0x1p-20f);  // sampling.TOP_P_SLACK
+            nucleus = largest_key_reaching(values, vocab, top, temperature, threshold, 1, target, best_v);
+        }
         threshold = max(threshold, nucleus);
     }
     const float cut = min_p > 0.0f ? log(min_p) : -INFINITY;
