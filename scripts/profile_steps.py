@@ -2,6 +2,8 @@
 weights built on the machine), wall time per step next to the device time of each kernel.
 
     python scripts/profile_steps.py --backend opencl [--prompts 25,512] [--batches 1,16] [--kv-dtype float16]
+        [--pick argmax,sample]  # decode steps also draw with the default filters (temperature, top-k, top-p, min-p)
+        [--mixed 16]    # also mixed steps: each batch's decode rows plus a 16-token prompt chunk (the server's)
 
 Wall time is the median of several steps, each ending with its results read back (as the server does). Device
 time per kernel comes from OpenCL profiling events over the same steps; wall minus device time is what the
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import statistics
 import sys
@@ -26,6 +29,7 @@ from bench_ops import ms_by_kernel  # noqa: E402
 
 from perfx_core.model import LlamaModel  # noqa: E402
 from perfx_core.plugins import get_registry  # noqa: E402
+from perfx_core.sampling import Sampler, SamplingParams  # noqa: E402
 from perfx_core.synthetic import LLAMA2_7B, random_llama_weights  # noqa: E402
 
 
@@ -56,6 +60,8 @@ def main() -> None:
     parser.add_argument("--batches", default="1,16", help="decode batch sizes")
     parser.add_argument("--kv-dtype", default="float16", choices=("float32", "float16"))
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--pick", default="argmax", help="how decode steps pick: argmax, sample or both (comma)")
+    parser.add_argument("--mixed", type=int, default=0, help="prompt tokens of a mixed step per batch (0: none)")
     parser.add_argument("--layers", type=int, help="fewer layers than Llama-2-7B's 32 (smoke runs)")
     args = parser.parse_args()
     rt = get_registry().open_runtime(args.backend, args.device)
@@ -66,9 +72,9 @@ def main() -> None:
         config,
         random_llama_weights(config, seed=0),
         rt,
-        n_slots=max(batches),
+        n_slots=max(batches) + (args.mixed > 0),
         max_seq_len=1024,
-        prefill_chunk=max(prompts),
+        prefill_chunk=max(*prompts, max(batches) + args.mixed),  # a mixed step's rows fit too
         kv_dtype=args.kv_dtype,
     )
     rng = np.random.default_rng(0)
@@ -79,9 +85,29 @@ def main() -> None:
         print(json.dumps({"step": "prefill", "tokens": length, **row}), flush=True)
     for batch in batches:
         tokens, slots, positions = [1] * batch, list(range(batch)), [100] * batch
-        engine.decode(tokens, slots, positions, argmax=True)
-        row = measure(rt, lambda t=tokens, s=slots, p=positions: engine.decode(t, s, p, argmax=True), args.repeats)
-        print(json.dumps({"step": "decode", "batch": batch, **row}), flush=True)
+        chunk = (list(rng.integers(0, config.vocab_size, args.mixed)), batch, 0) if args.mixed else None
+        kinds = [("decode", None)] + ([("mixed", chunk)] if chunk else [])
+        for (kind, prompt), pick in itertools.product(
+            kinds, args.pick.split(",")
+        ):  # mixed: the same rows plus a prompt chunk into the next slot, one pass
+            picks = pick_arguments(pick, batch + (prompt is not None))
+
+            def step(t=tokens, s=slots, p=positions, c=prompt, picks=picks) -> None:
+                engine.decode(t, s, p, prompt=c, **picks)
+
+            step()  # built and recorded
+            row = measure(rt, step, args.repeats)
+            extra = {"prompt": args.mixed} if prompt else {}
+            print(json.dumps({"step": kind, "batch": batch, **extra, "pick": pick, **row}), flush=True)
+
+
+def pick_arguments(pick: str, rows: int) -> dict:
+    """decode()'s keyword for ``pick``: argmax, or one draw per row with the default SamplingParams filters."""
+    if pick == "argmax":
+        return {"argmax": True}
+    if pick != "sample":
+        raise SystemExit(f"--pick takes argmax and/or sample; got {pick!r}")
+    return {"sampling": np.stack([Sampler(SamplingParams(seed=i)).engine_row() for i in range(rows)])}
 
 
 if __name__ == "__main__":
