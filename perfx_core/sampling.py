@@ -33,8 +33,8 @@ class SamplingParams:
             raise InvalidArgumentError(f"temperature must be >= 0 (0 is greedy); got {self.temperature}")
         if not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
             raise InvalidArgumentError(f"top_k must be an integer >= 0 (0 disables it); got {self.top_k!r}")
-        if not 0 < self.top_p <= 1:
-            raise InvalidArgumentError(f"top_p must be in (0, 1]; got {self.top_p}")
+        if not 0 < self.top_p <= 1 or np.float32(self.top_p) == 0:  # it travels to the device as a float32
+            raise InvalidArgumentError(f"top_p must be in (0, 1] and at least 1.2e-38 (float32); got {self.top_p}")
         if not 0 <= self.min_p < 1:
             raise InvalidArgumentError(f"min_p must be in [0, 1); got {self.min_p}")
         if not np.isfinite(self.repetition_penalty) or self.repetition_penalty <= 0:

@@ -27,7 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_ops import ms_by_kernel  # noqa: E402
 
-from perfx_core.model import LlamaModel  # noqa: E402
+from perfx_core.model import MIXED_PROMPT_ROWS, LlamaModel  # noqa: E402
 from perfx_core.plugins import get_registry  # noqa: E402
 from perfx_core.sampling import Sampler, SamplingParams  # noqa: E402
 from perfx_core.synthetic import LLAMA2_7B, random_llama_weights  # noqa: E402
@@ -64,6 +64,8 @@ def main() -> None:
     parser.add_argument("--mixed", type=int, default=0, help="prompt tokens of a mixed step per batch (0: none)")
     parser.add_argument("--layers", type=int, help="fewer layers than Llama-2-7B's 32 (smoke runs)")
     args = parser.parse_args()
+    if not 0 <= args.mixed <= MIXED_PROMPT_ROWS:
+        parser.error(f"--mixed takes 0..{MIXED_PROMPT_ROWS} prompt tokens (a mixed step's most)")
     rt = get_registry().open_runtime(args.backend, args.device)
     prompts = [int(v) for v in args.prompts.split(",")]
     batches = [int(v) for v in args.batches.split(",")]

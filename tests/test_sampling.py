@@ -63,7 +63,14 @@ def test_repetition_penalty():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"temperature": float("nan")}, {"top_k": 1.5}, {"top_p": -0.1}, {"min_p": -0.1}, {"repetition_penalty": -1}],
+    [
+        {"temperature": float("nan")},
+        {"top_k": 1.5},
+        {"top_p": -0.1},
+        {"top_p": 1e-50},  # 0 as the float32 the device gets: it would keep no token there
+        {"min_p": -0.1},
+        {"repetition_penalty": -1},
+    ],
 )
 def test_invalid_params(kwargs):
     with pytest.raises(InvalidArgumentError):

@@ -51,12 +51,15 @@ class ServerState:
         self.on_load_failed = on_load_failed
         self._closed = False
         self._lock = threading.Lock()
-        self._posts: dict[asyncio.AbstractEventLoop, _EventPost] = {}
+        self._posts: dict[asyncio.AbstractEventLoop, _EventPost] = {}  # one per loop (one in a server)
 
     def event_post(self, loop: asyncio.AbstractEventLoop) -> _EventPost:
         """The scheduler-to-``loop`` hand-off shared by every request served on that loop."""
         with self._lock:
-            return self._posts.setdefault(loop, _EventPost(loop))
+            post = self._posts.get(loop)
+            if post is None:
+                post = self._posts[loop] = _EventPost(loop)
+            return post
 
     def load(self) -> None:
         """Runs in a background thread: load the model, then start the scheduler that owns it."""
@@ -75,11 +78,6 @@ class ServerState:
             )
             # Kernels compile and steps are recorded now (/health still 503), not while requests wait.
             model.engine.warm_up(mixed_steps=c.mixed_steps)
-            # The model, its kernels and its recorded steps are ~10^5 long-lived objects that a full garbage
-            # collection would walk (~0.1 s on a small VM), stalling every stream at once. Nothing among them is
-            # ever garbage, so they move out of the collector's view.
-            gc.collect()
-            gc.freeze()
             scheduler = Scheduler(
                 model.engine,
                 model.tokenizer,
@@ -94,6 +92,11 @@ class ServerState:
                     return
                 self.model, self.scheduler = model, scheduler
                 self.metrics.attach(scheduler)
+                # The model, its kernels and its recorded steps are ~10^5 long-lived objects that a full garbage
+                # collection would walk (~0.1 s on a small VM), stalling every stream at once. None of them is
+                # garbage while the server runs, so they move out of the collector's view (close() undoes it).
+                gc.collect()
+                gc.freeze()
                 scheduler.start()
             log.info(
                 "loaded %s on %s in %.1f s; serving %d slots of %d tokens",
@@ -203,7 +206,8 @@ class _EventPost:
         try:
             self.loop.call_soon_threadsafe(self._deliver)
         except RuntimeError:  # the loop is closed: the server is gone, nobody is listening
-            pass
+            with self._lock:
+                self._pending.clear()  # else every later post would wait behind this one forever
 
     def _deliver(self) -> None:  # event loop
         with self._lock:
