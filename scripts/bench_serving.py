@@ -238,7 +238,8 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     ]
     if args.model:
         command.insert(3, args.model)
-    command.append("--mixed-steps" if args.mixed_steps else "--no-mixed-steps")
+    if args.mixed_steps is not None:  # else the server's default (on for GPU devices)
+        command.append("--mixed-steps" if args.mixed_steps else "--no-mixed-steps")
     env = {k: v for k, v in os.environ.items() if k != "PERFX_API_KEY"}
     process = subprocess.Popen(command, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -266,8 +267,8 @@ def main() -> int:
     parser.add_argument(
         "--mixed-steps",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="--mixed-steps / --no-mixed-steps of the started server (default: on, as the server)",
+        default=None,
+        help="--mixed-steps / --no-mixed-steps of the started server (default: the server's: on for GPUs)",
     )
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--concurrency", default="1,4,16,64", help="comma-separated levels")

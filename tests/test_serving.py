@@ -327,12 +327,12 @@ def test_client_disconnect_cancels_and_frees_the_slot(server):
     assert server.metrics()['perfx_requests_finished_total{finish_reason="cancelled"}'] == 1
 
 
-@pytest.mark.parametrize("flag", ["--mixed-steps", "--no-mixed-steps"])
+@pytest.mark.parametrize("flag", ["--mixed-steps", "--no-mixed-steps", None])
 def test_prompts_joining_a_decode_give_the_greedy_text(greedy, flag):
-    """With mixed steps (the default) the prompts of requests arriving while another decodes ride in its decode
-    steps (metric kind "mixed"); without, they are prefilled between them. Every request gets generate()'s
-    greedy text either way."""
-    server = Server("--max-running", "3", flag).wait_ready()
+    """With mixed steps the prompts of requests arriving while another decodes ride in its decode steps (metric
+    kind "mixed"); without, they are prefilled between them (the default on a CPU, as here: None). Every
+    request gets generate()'s greedy text either way."""
+    server = Server("--max-running", "3", *([flag] if flag else [])).wait_ready()
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
     try:
         first = client.completions.create(

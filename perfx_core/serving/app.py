@@ -76,15 +76,16 @@ class ServerState:
                 n_slots=c.max_running,
                 prefill_chunk=c.prefill_chunk,
             )
+            mixed_steps = c.mixed_steps if c.mixed_steps is not None else model.engine.rt.device.kind == "gpu"
             # Kernels compile and steps are recorded now (/health still 503), not while requests wait.
-            model.engine.warm_up(mixed_steps=c.mixed_steps)
+            model.engine.warm_up(mixed_steps=mixed_steps)
             scheduler = Scheduler(
                 model.engine,
                 model.tokenizer,
                 max_queue=c.max_queue,
                 prefill_chunk=c.prefill_chunk,
                 metrics=self.metrics,
-                mixed_steps=c.mixed_steps,
+                mixed_steps=mixed_steps,
             )
             with self._lock:
                 if self._closed:  # the server stopped while we were loading

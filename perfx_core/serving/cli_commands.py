@@ -31,9 +31,9 @@ def add_commands(subparsers) -> None:
     serve.add_argument(
         "--mixed-steps",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=None,
         help="run prompt chunks (16 tokens per step) in the same forward pass as the decode rows "
-        "(default: on; docs/serving.md has the measurements)",
+        "(default: on for a GPU device, off on a CPU; docs/serving.md has the measurements)",
     )
     serve.add_argument(
         "--api-key",

@@ -23,7 +23,9 @@ class ServerConfig:
     max_running: int = 8  # sequences decoded together; one KV-cache slot each
     max_queue: int = 64  # requests waiting for a slot; more get 429
     prefill_chunk: int = 64  # prompt tokens prefilled per scheduler iteration
-    mixed_steps: bool = True  # a prompt chunk in the decode step's forward pass (docs/serving.md: measured)
+    # A prompt chunk in the decode step's forward pass; None: on where the device is a GPU, off on CPUs
+    # (docs/serving.md: it paid on the H200, and cost throughput and first tokens on a CPU).
+    mixed_steps: bool | None = None
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 

@@ -109,7 +109,7 @@ class Scheduler:
         max_queue: int,
         prefill_chunk: int,
         metrics: ServerMetrics | None = None,
-        mixed_steps: bool = True,
+        mixed_steps: bool = False,
     ):
         self.engine = engine
         self.tokenizer = tokenizer
