@@ -140,27 +140,30 @@ inline uint order_key(float v) {
     return isnan(v) ? 0u : (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-// Over a row's tempered values (values - top) / T whose keys are at or above floor_key (NaN never): how many
-// (weighted 0) or the sum of their exp (weighted 1), over the whole work-group.
+// Over a row's tempered values (values - top) / T whose keys are at or above floor_key (NaN never): the sum of
+// their exp, over the whole work-group.
 inline float tally_from(__global const float* values, int vocab, float top, float temperature, uint floor_key,
-                        int weighted, __local float* scratch) {
-    float total = 0.0f;  // a count is exact: vocab < 2^24
+                        __local float* scratch) {
+    float total = 0.0f;
     for (int i = get_local_id(0); i < vocab; i += ARGMAX_WG) {
         const float v = (values[i] - top) / temperature;
         const uint k = order_key(v);
-        if (k > 0u && k >= floor_key) total += weighted ? exp(v) : 1.0f;
+        if (k > 0u && k >= floor_key) total += exp(v);
     }
     return sum_over_group(scratch, total, ARGMAX_WG);
 }
 
+// Top-p's part of the mass: a value whose share is within float rounding of top_p counts as reaching it.
+#define NUCLEUS_TARGET(top_p, mass) ((top_p) * (mass) * (1.0f - 0x1p-20f))  // sampling.TOP_P_SLACK
+
 // The largest key (not below floor_key) whose tally from it up reaches target: a bisection over its 32 bits,
 // one pass over the row per bit. (Top-p when top-k kept too many tokens to gather, or is off.)
 inline uint largest_key_reaching(__global const float* values, int vocab, float top, float temperature,
-                                 uint floor_key, int weighted, float target, __local float* scratch) {
+                                 uint floor_key, float target, __local float* scratch) {
     uint key = 0;
     for (int bit = 31; bit >= 0; --bit) {
         const uint candidate = key | (1u << bit);
-        if (tally_from(values, vocab, top, temperature, max(candidate, floor_key), weighted, scratch) >= target)
+        if (tally_from(values, vocab, top, temperature, max(candidate, floor_key), scratch) >= target)
             key = candidate;
     }
     return key;
@@ -246,7 +249,7 @@ inline uint nucleus_key_kept(__global const float* values, int vocab, float top,
     float mass = 0.0f;
     for (int j = begin; j < at; ++j) mass += exp(kept[j]);
     mass = sum_over_group(scratch, mass, ARGMAX_WG);
-    const float target = top_p * mass * (1.0f - 0x1p-20f);  // sampling.TOP_P_SLACK
+    const float target = NUCLEUS_TARGET(top_p, mass);
     uint key = 0;
     for (int bit = 31; bit >= 0; --bit) {
         const uint candidate = max(key | (1u << bit), floor_key);
@@ -298,9 +301,9 @@ __kernel __attribute__((reqd_work_group_size(ARGMAX_WG, 1, 1))) void sample_rows
             nucleus = nucleus_key_kept(values, vocab, top, temperature, threshold, top_p, kept, kept_offsets, best_v,
                                        &fits);
         if (!fits) {
-            const float mass = tally_from(values, vocab, top, temperature, threshold, 1, best_v);
-            const float target = top_p * mass * (1.0f - 0x1p-20f);  // sampling.TOP_P_SLACK
-            nucleus = largest_key_reaching(values, vocab, top, temperature, threshold, 1, target, best_v);
+            const float mass = tally_from(values, vocab, top, temperature, threshold, best_v);
+            nucleus = largest_key_reaching(values, vocab, top, temperature, threshold, NUCLEUS_TARGET(top_p, mass),
+                                           best_v);
         }
         threshold = max(threshold, nucleus);
     }
