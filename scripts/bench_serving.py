@@ -24,6 +24,7 @@ from urllib.parse import urlparse
 
 import httpx
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle. Story {i}:"
@@ -145,23 +146,27 @@ def engine_seconds(url: str, headers: dict) -> dict[str, float]:
     by bound) and of step seconds ("step_le", by kind, then bound)."""
     text = httpx.get(url + "/metrics", headers=headers, timeout=10).text
     found: dict = {"itl_le": {}, "step_le": {}}
-    for line in text.splitlines():
-        for prefix, suffix in (("perfx_engine_step_seconds_sum{", ""), ("perfx_engine_step_seconds_count{", "_steps")):
-            if line.startswith(prefix):
-                kind = line.split('kind="', 1)[1].split('"', 1)[0]
-                found[kind + suffix] = float(line.split()[-1])
-        if line.startswith("perfx_decode_batch_size_sum "):
-            found["decode_rows"] = float(line.split()[-1])
-        if line.startswith("perfx_engine_step_recordings "):
-            found["recordings"] = float(line.split()[-1])
-        if line.startswith("perfx_engine_step_seconds_bucket{"):
-            kind = line.split('kind="', 1)[1].split('"', 1)[0]
-            bound = line.split('le="', 1)[1].split('"', 1)[0]
-            found["step_le"].setdefault(kind, {})[float(bound)] = float(line.split()[-1])
-        if line.startswith("perfx_inter_token_latency_seconds_bucket{"):
-            bound = line.split('le="', 1)[1].split('"', 1)[0]
-            found["itl_le"][float(bound)] = float(line.split()[-1])
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name, labels, value = sample.name, sample.labels, sample.value
+            if name == "perfx_engine_step_seconds_sum":
+                found[labels["kind"]] = value
+            elif name == "perfx_engine_step_seconds_count":
+                found[labels["kind"] + "_steps"] = value
+            elif name == "perfx_engine_step_seconds_bucket":
+                found["step_le"].setdefault(labels["kind"], {})[float(labels["le"])] = value
+            elif name == "perfx_inter_token_latency_seconds_bucket":
+                found["itl_le"][float(labels["le"])] = value
+            elif name == "perfx_decode_batch_size_sum":
+                found["decode_rows"] = value
+            elif name == "perfx_engine_step_recordings":
+                found["recordings"] = value
     return found
+
+
+def bucket_delta(after: dict[float, float], before: dict[float, float]) -> dict[float, float]:
+    """A cumulative histogram's counts between two scrapes ({upper bound: count})."""
+    return {bound: count - before.get(bound, 0.0) for bound, count in after.items()}
 
 
 def histogram_quantile(q: float, cumulative: dict[float, float]) -> float | None:
@@ -193,9 +198,8 @@ def step_summary(before: dict, after: dict, wall: float) -> dict:
             count = delta.get(kind + "_steps", 0)
             if count:
                 summary["steps"][kind] = {"count": int(count), "mean_ms": round(1e3 * delta[kind] / count, 2)}
-                cumulative = after["step_le"].get(kind, {})
-                earlier = before.get("step_le", {}).get(kind, {})
-                p99 = histogram_quantile(0.99, {b: c - earlier.get(b, 0.0) for b, c in cumulative.items()})
+                step_buckets = bucket_delta(after["step_le"].get(kind, {}), before["step_le"].get(kind, {}))
+                p99 = histogram_quantile(0.99, step_buckets)
                 if p99 is not None:
                     summary["steps"][kind]["p99_ms"] = round(1e3 * p99, 2)
     batched = sum(summary["steps"].get(kind, {}).get("count", 0) for kind in ("decode", "mixed"))
@@ -203,7 +207,7 @@ def step_summary(before: dict, after: dict, wall: float) -> dict:
         summary["decode_rows_per_step"] = round(delta["decode_rows"] / batched, 2)
     if "recordings" in delta:
         summary["steps_recorded"] = int(delta["recordings"])
-    itl = {bound: count - before["itl_le"].get(bound, 0.0) for bound, count in after["itl_le"].items()}
+    itl = bucket_delta(after["itl_le"], before["itl_le"])
     for q in (50, 99):
         value = histogram_quantile(q / 100, itl)
         if value is not None:
