@@ -73,8 +73,8 @@ def copy_bandwidth(rt, nbytes: int = 1 << 30) -> float | None:
     return measure(nbytes) if measure else None
 
 
-def matmul_case(rt, m: int, k: int, n: int, rng: np.random.Generator) -> dict:
-    weight = random_int4(m, k, 128, rng)
+def matmul_case(rt, m: int, k: int, n: int, rng: np.random.Generator, group: int = 128) -> dict:
+    weight = random_int4(m, k, group, rng)
     copies = cold_copies(rt, weight)  # cycled through: each call reads its weight from memory, as in a model
     turn = itertools.count()
     x = rt.from_numpy(rng.standard_normal((n, k), dtype=np.float32))

@@ -59,6 +59,7 @@ def main() -> None:
     parser.add_argument("--prompts", default="25,512", help="prompt lengths to prefill")
     parser.add_argument("--batches", default="1,16", help="decode batch sizes")
     parser.add_argument("--kv-dtype", default="float16", choices=("float32", "float16"))
+    parser.add_argument("--group", type=int, default=128, help="int4 group size (GGUF Q4_0's is 32)")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--pick", default="argmax", help="how decode steps pick: argmax, sample or both (comma)")
     parser.add_argument("--mixed", type=int, default=0, help="prompt tokens of a mixed step per batch (0: none)")
@@ -72,7 +73,7 @@ def main() -> None:
     config = dataclasses.replace(LLAMA2_7B, n_layers=args.layers) if args.layers else LLAMA2_7B
     engine = LlamaModel(
         config,
-        random_llama_weights(config, seed=0),
+        random_llama_weights(config, group_size=args.group, seed=0),
         rt,
         n_slots=max(batches) + (args.mixed > 0),
         max_seq_len=1024,

@@ -513,6 +513,11 @@ def test_matrix_unit_kernel_conforms(registry, matrix_units):
         (70, False, 64, 384, ""),  # several token tiles, a partial last one; 12 chunks over 2 warps
         (13, False, 32, 96, "KW=8"),  # 3 chunks: KW falls back to a divisor (1)
         (40, True, 128, 1024, "MT=1,NT8=1,KW=16"),
+        # Chunks loaded ahead (UC): 18 chunks per warp, so runs of 4 with single chunks after (warp 0) or before
+        # (warp 1) them; groups of 64 columns cap UC at 2. PoCL's emulation runs UC = 1: these check UC > 1 where
+        # it is native.
+        (24, False, 128, 1152, "KW=2,UC=4"),
+        (6, True, 64, 640, "UC=4"),
     ],
 )
 def test_matrix_unit_kernel_matches_float(registry, monkeypatch, matrix_units, n, silu, group, k, shape):
@@ -546,6 +551,35 @@ def test_matrix_unit_kernel_matches_float(registry, monkeypatch, matrix_units, n
         rt.close()
         monkeypatch.delenv("PERFX_OPENCL_MMA_SHAPE")
         ops.mma_overrides.cache_clear()
+
+
+def test_matrix_unit_shape_loads_chunks_ahead_within_a_group(registry, monkeypatch):
+    """The mma shape rule's UC (chunks loaded ahead): 4 where a warp holds two row tiles of sums and one or four
+    token tiles, 1 with two token tiles or four row tiles, never more than a group's chunks, an override capped
+    the same way, and always 1 in the portable emulation (its barriers)."""
+    from perfx_opencl import ops
+
+    rt = registry.open_runtime("opencl")
+    try:
+        ops.mma_overrides.cache_clear()
+        monkeypatch.delenv("PERFX_OPENCL_MMA_SHAPE", raising=False)
+        assert ops._mma_config(rt, 8, 4096, 4096, 128)["UC"] == 1  # PoCL: the emulation
+        rt.__dict__["native_mma"] = True  # the rule as on a device with mma.sync (no kernel is built here)
+        uc = {(n, m, group, silu): ops._mma_config(rt, n, m, 4096, group, silu)["UC"] for n, m, group, silu in [
+            (4, 4096, 128, False), (12, 4096, 128, False), (24, 4096, 128, False), (40, 4096, 128, False),
+            (24, 11008, 128, True), (4, 11008, 128, True), (4, 4096, 32, False), (24, 4096, 64, False),
+        ]}  # fmt: skip
+        assert uc == {
+            (4, 4096, 128, False): 4, (12, 4096, 128, False): 1, (24, 4096, 128, False): 4,
+            (40, 4096, 128, False): 1, (24, 11008, 128, True): 1, (4, 11008, 128, True): 4,
+            (4, 4096, 32, False): 1, (24, 4096, 64, False): 2,
+        }  # fmt: skip
+        monkeypatch.setenv("PERFX_OPENCL_MMA_SHAPE", "UC=8")
+        ops.mma_overrides.cache_clear()
+        assert ops._mma_config(rt, 12, 4096, 4096, 128)["UC"] == 4
+    finally:
+        ops.mma_overrides.cache_clear()
+        rt.close()
 
 
 @pytest.mark.slow

@@ -32,6 +32,11 @@ GEMV_PASSES_N = 64
 # what matters most is enough warps in flight, so KW grows until the launch has MMA_WARPS_PER_CU warps per
 # compute unit; bigger tiles (MT = NT8 = 4: each load feeds more products) pay once there are many tokens.
 MMA_MIN_N = 2
+# UC chunks whose weights each warp loads before multiplying any (more bytes in flight). The session-6 sweep
+# (docs/opencl.md) had UC = 4 faster by 10-25% where a warp holds two row tiles of sums (RT = 2) with one or four
+# token tiles, and no faster with two token tiles or slower with four row tiles (the registers it takes). A run
+# stays inside one group: with 32-column groups (GGUF Q4_0) loading each chunk's scales ahead too gained nothing.
+MMA_UC = 4
 MMA_WARPS_PER_CU = ((16, 16), (64, 8), (None, 30))  # (up to n tokens, warps per compute unit wanted)
 DENSE_SMALL_N = 4  # the dense GEMV re-reads W per token, so it only pays for very small batches
 # The GEMV's shape (docs/opencl.md): RW row lanes x KS k-splits, CR columns per thread, UC chunks in flight,
@@ -294,15 +299,15 @@ def mma_overrides() -> dict[str, int]:
     for item in filter(None, os.environ.get("PERFX_OPENCL_MMA_SHAPE", "").split(",")):
         key, _, value = item.partition("=")
         key = key.strip()
-        if key not in ("MT", "NT8", "KW") or value.strip() not in ("1", "2", "4", "8", "16"):
+        if key not in ("MT", "NT8", "KW", "UC") or value.strip() not in ("1", "2", "4", "8", "16"):
             raise InvalidArgumentError(
-                f"PERFX_OPENCL_MMA_SHAPE: {item!r} is not KEY=N with KEY one of MT, NT8, KW and N 1, 2, 4, 8 or 16"
+                f"PERFX_OPENCL_MMA_SHAPE: {item!r} is not KEY=N with KEY one of MT, NT8, KW, UC and N 1, 2, 4, 8 or 16"
             )
         overrides[key] = int(value)
     return overrides
 
 
-def _mma_config(rt, n: int, rows: int, k: int, silu: bool = False) -> dict[str, int]:
+def _mma_config(rt, n: int, rows: int, k: int, group_size: int, silu: bool = False) -> dict[str, int]:
     """The mma kernel's shape for n tokens of a rows x k matmul (module comment above), then overrides. With
     ``silu`` each row tile comes with its up tile, so MT is halved: the same work per warp as a plain matmul
     over both halves."""
@@ -315,6 +320,12 @@ def _mma_config(rt, n: int, rows: int, k: int, silu: bool = False) -> dict[str, 
         config["MT"] = max(1, config["MT"] // 2)
     overrides = mma_overrides()
     config.update({key: overrides[key] for key in ("MT", "NT8") if key in overrides})
+    row_tiles = config["MT"] * (2 if silu else 1)
+    # UC: chunks loaded ahead (int4_mma.cl), at most a group's chunks; 1 in the emulation (its barriers).
+    group_chunks = group_size // 32
+    wanted = MMA_UC if row_tiles == 2 and config["NT8"] != 2 else 1
+    config["UC"] = min(overrides.get("UC", wanted), group_chunks) if rt.native_mma else 1
+    config["GROUP_CHUNKS"] = group_chunks
     chunks, max_kw = k // 32, 16 if n <= 16 else 8
     if "KW" in overrides:
         kw = overrides["KW"]
@@ -325,7 +336,6 @@ def _mma_config(rt, n: int, rows: int, k: int, silu: bool = False) -> dict[str, 
         kw = 1
         while kw < max_kw and tiles * kw < target and chunks % (2 * kw) == 0:
             kw *= 2
-    row_tiles = config["MT"] * (2 if silu else 1)
     emulated = not rt.native_mma
     while chunks % kw or (kw > 1 and _mma_local_bytes(kw, row_tiles, config["NT8"], emulated) > _local_bytes(rt)):
         kw //= 2  # each warp takes an equal run of the chunks, and the warps' partial sums fit local memory
@@ -337,14 +347,14 @@ def _mma_local_bytes(kw: int, row_tiles: int, nt8: int, emulated: bool) -> int:
     return 4 * ((kw - 1) * row_tiles * nt8 * 4 * 32 + (kw * (256 + 128) if emulated else 0))
 
 
-def _mma_plan(rt, silu: bool, n: int, rows: int, k: int, unaligned: bool) -> tuple[Any, tuple, tuple]:
+def _mma_plan(rt, silu: bool, n: int, rows: int, k: int, group_size: int, unaligned: bool) -> tuple[Any, tuple, tuple]:
     """(kernel, global size, local size) of an mma launch, worked out once per shape and kept on the runtime
     with the GEMV's plans (clear_plans forgets both)."""
     plans = rt.__dict__.setdefault("_gemv_plans", {})
-    key = ("mma", silu, n, rows, k, unaligned)
+    key = ("mma", silu, n, rows, k, group_size, unaligned)
     plan = plans.get(key)
     if plan is None:
-        config = _mma_config(rt, n, rows, k, silu)
+        config = _mma_config(rt, n, rows, k, group_size, silu)
         kernel = rt.kernel("int4_mma", "int4_mma", SILU=silu, X_UNALIGNED=unaligned, **config)
         global_size = (-(-rows // (16 * config["MT"])) * 32 * config["KW"], -(-n // (8 * config["NT8"])))
         plan = plans[key] = (kernel, global_size, (32 * config["KW"], 1))
@@ -355,7 +365,7 @@ def _int4_mma(rt, x, w, out, silu=False):
     """out = x @ W.T (``silu``: silu(x @ W_gate.T) * (x @ W_up.T)) on the matrix units, any number of tokens."""
     n, rows = out.shape
     k = w.shape[1]
-    kernel, global_size, local_size = _mma_plan(rt, silu, n, rows, k, x.offset % 4 != 0)
+    kernel, global_size, local_size = _mma_plan(rt, silu, n, rows, k, w.group_size, x.offset % 4 != 0)
     rt.launch(
         kernel,
         global_size,
@@ -366,7 +376,6 @@ def _int4_mma(rt, x, w, out, silu=False):
         n,
         rows,
         k,
-        w.group_size.bit_length() - 1,
     )
 
 

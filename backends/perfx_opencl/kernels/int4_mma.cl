@@ -37,6 +37,15 @@
 #ifndef KW
 #define KW 4  // warps per work-group, splitting k
 #endif
+#ifndef GROUP_CHUNKS
+#define GROUP_CHUNKS 4  // 32-column chunks per quantization group (group size / 32: 1, 2 or 4)
+#endif
+#ifndef UC
+#define UC 1  // chunks whose weights a warp loads before multiplying any: more bytes in flight per warp
+#endif
+#if GROUP_CHUNKS % UC
+#error "UC must divide GROUP_CHUNKS: a run of UC chunks (starting at a multiple of UC) then has one group"
+#endif
 #ifdef SILU
 #define RT (2 * MT)  // accumulated row tiles: the gate tiles, then the matching up tiles
 #else
@@ -108,12 +117,70 @@ inline void mma_emulated(float* c, uint a0, uint a1, uint a2, uint a3, uint b0, 
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 }
-#define MMA(c, a0, a1, a2, a3, b0, b1) mma_emulated(c, a0, a1, a2, a3, b0, b1, mma_scratch[warp], lane)
+#define MMA(c, a0, a1, a2, a3, b0, b1) mma_emulated(c, a0, a1, a2, a3, b0, b1, mma_scratch, lane)
 #endif
+
+#ifdef NV_MMA
+typedef int mma_scratch_t;  // mma.sync needs no scratch
+#else
+typedef __local float* mma_scratch_t;
+#if UC != 1
+#error "the emulation's barriers need every warp to multiply its chunks at the same call site: UC must be 1"
+#endif
+#endif
+
+// x's 32 columns of chunk c for this lane's tokens, as the half pairs the B fragments want.
+inline void load_x_chunk(uint bx[NT8][4], __global const float* x, const int xrow[NT8], int c) {
+#pragma unroll
+    for (int j = 0; j < NT8; ++j) {
+        const float4 lo = LOAD_X4(xrow[j] + 32 * c), hi = LOAD_X4(xrow[j] + 32 * c + 4);
+        bx[j][0] = half2_of(lo.x, hi.x), bx[j][1] = half2_of(lo.y, hi.y);
+        bx[j][2] = half2_of(lo.z, hi.z), bx[j][3] = half2_of(lo.w, hi.w);
+    }
+}
+
+// This lane's word of chunk c for each of its weight rows.
+inline void load_w_chunk(uint w[RT][2], __global const uint* packed, const int wrow[RT][2], int c, int m, int t) {
+#pragma unroll
+    for (int i = 0; i < RT; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) w[i][h] = packed[((size_t)c * m + wrow[i][h]) * 4 + t];
+}
+
+// The scales and biases of the group holding chunk c, as half pairs.
+inline void load_group(uint scale2[RT][2], uint bias2[RT][2], __global const ushort* scale,
+                       __global const float* bias, const int wrow[RT][2], int c, int m) {
+    const size_t grp = (size_t)(c / GROUP_CHUNKS) * m;
+#pragma unroll
+    for (int i = 0; i < RT; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint s = scale[grp + wrow[i][h]];
+            scale2[i][h] = s | (s << 16);
+            const float b = bias[grp + wrow[i][h]];
+            bias2[i][h] = half2_of(b, b);
+        }
+}
+
+// acc += one chunk: its two k16 steps over every row tile and token tile.
+inline void multiply_chunk(float acc[RT][NT8][4], const uint w[RT][2], const uint bx[NT8][4],
+                           const uint scale2[RT][2], const uint bias2[RT][2], mma_scratch_t mma_scratch, int lane) {
+#pragma unroll
+    for (int s = 0; s < 2; ++s)
+#pragma unroll
+        for (int i = 0; i < RT; ++i) {
+            const uint a0 = dequantize_pair(CODE_PAIR(w[i][0], 8 * s), scale2[i][0], bias2[i][0]);
+            const uint a1 = dequantize_pair(CODE_PAIR(w[i][1], 8 * s), scale2[i][1], bias2[i][1]);
+            const uint a2 = dequantize_pair(CODE_PAIR(w[i][0], 8 * s + 4), scale2[i][0], bias2[i][0]);
+            const uint a3 = dequantize_pair(CODE_PAIR(w[i][1], 8 * s + 4), scale2[i][1], bias2[i][1]);
+#pragma unroll
+            for (int j = 0; j < NT8; ++j) MMA(acc[i][j], a0, a1, a2, a3, bx[j][2 * s], bx[j][2 * s + 1]);
+        }
+}
 
 __kernel __attribute__((reqd_work_group_size(32 * KW, 1, 1))) void int4_mma(
     __global const uint* packed, __global const ushort* scale, __global const float* bias, __global const float* x,
-    int x_off, __global float* out, int out_off, int n, int rows, int k, int group_shift) {
+    int x_off, __global float* out, int out_off, int n, int rows, int k) {
 #ifndef NV_MMA
     __local float mma_scratch[KW][256 + 128];
 #endif
@@ -144,46 +211,38 @@ __kernel __attribute__((reqd_work_group_size(32 * KW, 1, 1))) void int4_mma(
 #pragma unroll
         for (int j = 0; j < NT8; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
 
-    // (Loading chunk c + 1 before multiplying chunk c was tried: slower on the H200, 359 vs 275 us at 512
-    // tokens, from the registers it takes; the KW warps of a work-group already overlap their loads.)
-    const int per_warp = (k >> 5) / KW, c_begin = warp * per_warp, group_chunks = 1 << (group_shift - 5);
-    uint scale2[RT][2], bias2[RT][2];
-    for (int c = c_begin; c < c_begin + per_warp; ++c) {
-        if (c == c_begin || (c & (group_chunks - 1)) == 0) {  // a new group: its scales and biases, as half pairs
-            const size_t grp = (size_t)(c >> (group_shift - 5)) * m;
+    // Chunks one by one up to a multiple of UC, then runs of UC (all their weights loaded before the first is
+    // multiplied, so each warp has UC times the bytes in flight: decode-sized launches have few warps), then
+    // one by one to the end. (At 512 tokens, loading chunk c + 1 before multiplying chunk c was slower on the
+    // H200, 359 vs 275 us, from the registers it takes; small token tiles leave registers to spare.)
+    const int per_warp = (k >> 5) / KW, c_begin = warp * per_warp, c_end = c_begin + per_warp;
+    const int run_begin = min(c_end, (c_begin + UC - 1) / UC * UC);
+    const int run_end = run_begin + (c_end - run_begin) / UC * UC;
+#ifdef NV_MMA
+    const mma_scratch_t scratch = 0;
+#else
+    const mma_scratch_t scratch = mma_scratch[warp];
+#endif
+    uint scale2[RT][2], bias2[RT][2], w[UC][RT][2], bx[NT8][4];
+    for (int c = c_begin; c < c_end;) {
+        // A new group: its scales and biases (a run starts at a multiple of UC, a divisor of GROUP_CHUNKS, so it
+        // never straddles two groups).
+        if (c == c_begin || c % GROUP_CHUNKS == 0) load_group(scale2, bias2, scale, bias, wrow, c, m);
+        if (c >= run_begin && c < run_end) {
 #pragma unroll
-            for (int i = 0; i < RT; ++i)
+            for (int u = 0; u < UC; ++u) load_w_chunk(w[u], packed, wrow, c + u, m, t);
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const uint s = scale[grp + wrow[i][h]];
-                    scale2[i][h] = s | (s << 16);
-                    const float b = bias[grp + wrow[i][h]];
-                    bias2[i][h] = half2_of(b, b);
-                }
-        }
-        uint w[RT][2];
-#pragma unroll
-        for (int i = 0; i < RT; ++i)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) w[i][h] = packed[((size_t)c * m + wrow[i][h]) * 4 + t];
-        uint bx[NT8][4];
-#pragma unroll
-        for (int j = 0; j < NT8; ++j) {
-            const float4 lo = LOAD_X4(xrow[j] + 32 * c), hi = LOAD_X4(xrow[j] + 32 * c + 4);
-            bx[j][0] = half2_of(lo.x, hi.x), bx[j][1] = half2_of(lo.y, hi.y);
-            bx[j][2] = half2_of(lo.z, hi.z), bx[j][3] = half2_of(lo.w, hi.w);
-        }
-#pragma unroll
-        for (int s = 0; s < 2; ++s)
-#pragma unroll
-            for (int i = 0; i < RT; ++i) {
-                const uint a0 = dequantize_pair(CODE_PAIR(w[i][0], 8 * s), scale2[i][0], bias2[i][0]);
-                const uint a1 = dequantize_pair(CODE_PAIR(w[i][1], 8 * s), scale2[i][1], bias2[i][1]);
-                const uint a2 = dequantize_pair(CODE_PAIR(w[i][0], 8 * s + 4), scale2[i][0], bias2[i][0]);
-                const uint a3 = dequantize_pair(CODE_PAIR(w[i][1], 8 * s + 4), scale2[i][1], bias2[i][1]);
-#pragma unroll
-                for (int j = 0; j < NT8; ++j) MMA(acc[i][j], a0, a1, a2, a3, bx[j][2 * s], bx[j][2 * s + 1]);
+            for (int u = 0; u < UC; ++u) {
+                load_x_chunk(bx, x, xrow, c + u);
+                multiply_chunk(acc, w[u], bx, scale2, bias2, scratch, lane);
             }
+            c += UC;
+        } else {  // never in the emulation (UC = 1): its barriers stay at one call site
+            load_w_chunk(w[0], packed, wrow, c, m, t);
+            load_x_chunk(bx, x, xrow, c);
+            multiply_chunk(acc, w[0], bx, scale2, bias2, scratch, lane);
+            ++c;
+        }
     }
 
 #if KW > 1
