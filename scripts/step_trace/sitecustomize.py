@@ -1,0 +1,94 @@
+"""Per-step timing of a running server, for finding where a serving step's time goes (an experiment tool).
+
+Python imports ``sitecustomize`` at start-up from the first directory on its path that has one, so with this
+directory on PYTHONPATH every Python process started under it, including the server bench_serving.py starts,
+runs the hooks below when PERFX_TRACE_STEPS names a file:
+
+    PYTHONPATH=scripts/step_trace PERFX_TRACE_STEPS=steps.jsonl python scripts/bench_serving.py --backend opencl ...
+    python scripts/step_trace/summarize_steps.py steps.jsonl
+
+Each scheduler step (Scheduler._step, which runs at most one prompt chunk and one decode or mixed step) becomes
+one JSON line: the rows running, its wall time, the time inside the OpenCL runtime's graph replays (queueing
+the kernels) and read-backs (waiting for the device), the time accepting rows (sampling bookkeeping,
+detokenizing, posting events), and the gap since the previous step. With PERFX_OPENCL_PROFILE=1 it also has
+the step's launches, the span from its first kernel's start to its last kernel's end, and the kernels' summed
+device time (busy): span minus busy is the device idling inside the step. Lines are appended once a second
+from a background thread, so the scheduler thread does no file I/O.
+"""
+
+import json
+import os
+import threading
+import time
+
+PATH = os.environ.get("PERFX_TRACE_STEPS")
+
+
+def _install(path: str) -> None:
+    from perfx_opencl import runtime
+
+    from perfx_core.serving import scheduler
+
+    rows: list[dict] = []
+    step: dict = {}  # the step being timed
+    last_end = [0.0]
+
+    def timed(owner, name: str, field: str):
+        original = getattr(owner, name)
+
+        def wrapper(self, *args, **kwargs):
+            if field == "replay" and self.kernel_events is not None and "first_event" not in step:
+                step["first_event"], step["runtime"] = len(self.kernel_events), self
+            start = time.perf_counter()
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                step[field] = step.get(field, 0.0) + time.perf_counter() - start
+
+        setattr(owner, name, wrapper)
+
+    timed(runtime.OpenCLRuntime, "replay", "replay")
+    timed(runtime.OpenCLRuntime, "to_numpy", "read")
+    timed(scheduler.Scheduler, "_accept_rows", "accept")
+    original_mixed, original_step = scheduler.Scheduler._mixed_step, scheduler.Scheduler._step
+
+    def mixed_step(self, *args, **kwargs):
+        step["kind"] = "mixed"
+        return original_mixed(self, *args, **kwargs)
+
+    def one_step(self):
+        step.clear()
+        running, start = len(self._running), time.perf_counter()
+        result = original_step(self)
+        end = time.perf_counter()
+        row = {"kind": step.get("kind", "plain"), "running": running, "total": end - start}
+        row["gap"] = start - last_end[0] if last_end[0] else None
+        row.update({field: step.get(field, 0.0) for field in ("replay", "read", "accept")})
+        if "first_event" in step:  # the device's view of the step, from the profiling events
+            events = step["runtime"].kernel_events[step["first_event"] :]
+            if events:
+                starts = [event.profile.start for _, event in events]
+                ends = [event.profile.end for _, event in events]
+                busy = sum(e - s for s, e in zip(starts, ends, strict=True))
+                row.update(launches=len(events), gpu_span=(max(ends) - min(starts)) * 1e-9, gpu_busy=busy * 1e-9)
+            step["runtime"].kernel_events.clear()  # a server profiles for as long as it runs: keep it bounded
+        rows.append(row)
+        last_end[0] = time.perf_counter()
+        return result
+
+    scheduler.Scheduler._mixed_step, scheduler.Scheduler._step = mixed_step, one_step
+
+    def flush_every_second() -> None:
+        while True:
+            time.sleep(1.0)
+            done = rows[:]
+            del rows[: len(done)]
+            if done:
+                with open(path, "a") as out:
+                    out.writelines(json.dumps(row) + "\n" for row in done)
+
+    threading.Thread(target=flush_every_second, daemon=True, name="perfx-step-trace").start()
+
+
+if PATH:
+    _install(PATH)
