@@ -12,8 +12,8 @@ one JSON line: the rows running, its wall time, the time inside the OpenCL runti
 the kernels) and read-backs (waiting for the device), the time accepting rows (sampling bookkeeping,
 detokenizing, posting events), and the gap since the previous step. With PERFX_OPENCL_PROFILE=1 it also has
 the step's launches, the span from its first kernel's start to its last kernel's end, and the kernels' summed
-device time (busy): span minus busy is the device idling inside the step. Lines are appended once a second
-from a background thread, so the scheduler thread does no file I/O.
+device time (busy) in all and per kernel name: span minus busy is the device idling inside the step. Lines are
+appended once a second from a background thread, so the scheduler thread does no file I/O.
 """
 
 import json
@@ -71,6 +71,10 @@ def _install(path: str) -> None:
                 ends = [event.profile.end for _, event in events]
                 busy = sum(e - s for s, e in zip(starts, ends, strict=True))
                 row.update(launches=len(events), gpu_span=(max(ends) - min(starts)) * 1e-9, gpu_busy=busy * 1e-9)
+                by_kernel: dict[str, float] = {}
+                for (name, _), s, e in zip(events, starts, ends, strict=True):
+                    by_kernel[name] = by_kernel.get(name, 0.0) + (e - s) * 1e-9
+                row["gpu_by_kernel"] = by_kernel
             step["runtime"].kernel_events.clear()  # a server profiles for as long as it runs: keep it bounded
         rows.append(row)
         last_end[0] = time.perf_counter()

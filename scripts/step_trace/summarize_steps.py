@@ -1,5 +1,5 @@
 """Summarize a step trace (scripts/step_trace/sitecustomize.py): per step kind and running rows (in fours),
-the mean / p99 in ms of each part of a step.
+the mean / p99 in ms of each part of a step, and with profiling the mean device ms per step of each kernel.
 
     python scripts/step_trace/summarize_steps.py steps.jsonl
 """
@@ -30,6 +30,15 @@ def main() -> None:
         if "launches" in rows[0]:
             parts.append(f"launches {statistics.mean(row['launches'] for row in rows):.0f}")
         print("  ".join(parts))
+        kernels: dict[str, float] = {}
+        for row in rows:
+            for name, seconds in row.get("gpu_by_kernel", {}).items():
+                kernels[name] = kernels.get(name, 0.0) + seconds / len(rows)
+        if kernels:  # mean device ms per step, largest first
+            print(
+                "      "
+                + ", ".join(f"{name} {1e3 * t:.2f}" for name, t in sorted(kernels.items(), key=lambda kv: -kv[1]))
+            )
 
 
 if __name__ == "__main__":
