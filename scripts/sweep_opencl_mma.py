@@ -65,8 +65,9 @@ def main() -> None:
             os.environ["PERFX_OPENCL_MMA_SHAPE"] = ",".join(f"{k}={v}" for k, v in shape.items())
             ops.mma_overrides.cache_clear()
             ops.clear_plans(rt)
+            built = ops._mma_config(rt, n, args.m, args.k, args.group)  # after the caps (KW, UC), not as asked
             rows.append(
-                dict(matmul_case(rt, args.m, args.k, n, rng, args.group), kernel="mma", group=args.group, **shape)
+                dict(matmul_case(rt, args.m, args.k, n, rng, args.group), kernel="mma", group=args.group, **built)
             )
         rt.close()
         os.environ.pop("PERFX_OPENCL_MMA_SHAPE")

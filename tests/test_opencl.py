@@ -545,6 +545,8 @@ def test_matrix_unit_kernel_matches_float(registry, monkeypatch, matrix_units, n
         assert float(((got - want) ** 2).sum() / (want**2).sum()) < 1e-6
         built = [dict(key[2]) for key in rt._kernels if key[1] == "int4_mma"]
         assert built and all(b["X_UNALIGNED"] for b in built)
+        if "UC=4" in shape:  # built as asked where native (capped at the group's chunks), else the emulation's 1
+            assert all(b["UC"] == (min(4, group // 32) if rt.native_mma else 1) for b in built)
         if shape == "KW=8":
             assert built[0]["KW"] == 1
     finally:
@@ -563,8 +565,10 @@ def test_matrix_unit_shape_loads_chunks_ahead_within_a_group(registry, monkeypat
     try:
         ops.mma_overrides.cache_clear()
         monkeypatch.delenv("PERFX_OPENCL_MMA_SHAPE", raising=False)
-        assert ops._mma_config(rt, 8, 4096, 4096, 128)["UC"] == 1  # PoCL: the emulation
-        rt.__dict__["native_mma"] = True  # the rule as on a device with mma.sync (no kernel is built here)
+        # No kernel is built here: the rule is read as on a device without and with mma.sync.
+        rt.__dict__["native_mma"] = False  # the emulation
+        assert ops._mma_config(rt, 8, 4096, 4096, 128)["UC"] == 1
+        rt.__dict__["native_mma"] = True
         uc = {(n, m, group, silu): ops._mma_config(rt, n, m, 4096, group, silu)["UC"] for n, m, group, silu in [
             (4, 4096, 128, False), (12, 4096, 128, False), (24, 4096, 128, False), (40, 4096, 128, False),
             (24, 11008, 128, True), (4, 11008, 128, True), (4, 4096, 32, False), (24, 4096, 64, False),

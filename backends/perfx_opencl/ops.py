@@ -33,9 +33,10 @@ GEMV_PASSES_N = 64
 # compute unit; bigger tiles (MT = NT8 = 4: each load feeds more products) pay once there are many tokens.
 MMA_MIN_N = 2
 # UC chunks whose weights each warp loads before multiplying any (more bytes in flight). The session-6 sweep
-# (docs/opencl.md) had UC = 4 faster by 10-25% where a warp holds two row tiles of sums (RT = 2) with one or four
-# token tiles, and no faster with two token tiles or slower with four row tiles (the registers it takes). A run
-# stays inside one group: with 32-column groups (GGUF Q4_0) loading each chunk's scales ahead too gained nothing.
+# (docs/opencl.md) had UC = 4 faster by 8-24% where a warp holds two row tiles of sums (RT = 2) with one or four
+# token tiles; with two token tiles UC = 2 or 4 ranged from 5% faster to 13% slower (no rule found), and with four
+# row tiles they were slower (the registers). A run stays inside one group: with 32-column groups (GGUF Q4_0),
+# loading each chunk's scales ahead too gained nothing.
 MMA_UC = 4
 MMA_WARPS_PER_CU = ((16, 16), (64, 8), (None, 30))  # (up to n tokens, warps per compute unit wanted)
 DENSE_SMALL_N = 4  # the dense GEMV re-reads W per token, so it only pays for very small batches
@@ -323,7 +324,7 @@ def _mma_config(rt, n: int, rows: int, k: int, group_size: int, silu: bool = Fal
     row_tiles = config["MT"] * (2 if silu else 1)
     # UC: chunks loaded ahead (int4_mma.cl), at most a group's chunks; 1 in the emulation (its barriers).
     group_chunks = group_size // 32
-    wanted = MMA_UC if row_tiles == 2 and config["NT8"] != 2 else 1
+    wanted = MMA_UC if row_tiles == 2 and config["NT8"] in (1, 4) else 1
     config["UC"] = min(overrides.get("UC", wanted), group_chunks) if rt.native_mma else 1
     config["GROUP_CHUNKS"] = group_chunks
     chunks, max_kw = k // 32, 16 if n <= 16 else 8

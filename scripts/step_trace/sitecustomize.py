@@ -11,11 +11,15 @@ Each scheduler step (Scheduler._step, which runs at most one prompt chunk and on
 one JSON line: the rows running, its wall time, the time inside the OpenCL runtime's graph replays (queueing
 the kernels) and read-backs (waiting for the device), the time accepting rows (sampling bookkeeping,
 detokenizing, posting events), and the gap since the previous step. With PERFX_OPENCL_PROFILE=1 it also has
-the step's launches, the span from its first kernel's start to its last kernel's end, and the kernels' summed
+the step's launches (steps that replay a recorded graph: not a step that records one or only prefills), the span
+from its first kernel's start to its last kernel's end, and the kernels' summed
 device time (busy) in all and per kernel name: span minus busy is the device idling inside the step. Lines are
 appended once a second from a background thread, so the scheduler thread does no file I/O.
+
+Being a ``sitecustomize``, it hides any other one further down the path (e.g. a distribution's) while in use.
 """
 
+import atexit
 import json
 import os
 import threading
@@ -25,9 +29,12 @@ PATH = os.environ.get("PERFX_TRACE_STEPS")
 
 
 def _install(path: str) -> None:
-    from perfx_opencl import runtime
+    try:
+        from perfx_opencl import runtime
 
-    from perfx_core.serving import scheduler
+        from perfx_core.serving import scheduler
+    except ImportError:  # a process without perfx (e.g. a tool started under the same PYTHONPATH): no trace
+        return
 
     rows: list[dict] = []
     step: dict = {}  # the step being timed
@@ -82,16 +89,20 @@ def _install(path: str) -> None:
 
     scheduler.Scheduler._mixed_step, scheduler.Scheduler._step = mixed_step, one_step
 
+    def flush() -> None:
+        done = rows[:]
+        del rows[: len(done)]
+        if done:
+            with open(path, "a") as out:
+                out.writelines(json.dumps(row) + "\n" for row in done)
+
     def flush_every_second() -> None:
         while True:
             time.sleep(1.0)
-            done = rows[:]
-            del rows[: len(done)]
-            if done:
-                with open(path, "a") as out:
-                    out.writelines(json.dumps(row) + "\n" for row in done)
+            flush()
 
     threading.Thread(target=flush_every_second, daemon=True, name="perfx-step-trace").start()
+    atexit.register(flush)  # a server stopped by a signal may skip it: then up to a second of steps is lost
 
 
 if PATH:

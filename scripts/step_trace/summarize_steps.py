@@ -27,13 +27,14 @@ def main() -> None:
             if values:
                 p99 = values[int(0.99 * (len(values) - 1))]
                 parts.append(f"{field} {1e3 * statistics.mean(values):.2f}/{1e3 * p99:.2f}")
-        if "launches" in rows[0]:
-            parts.append(f"launches {statistics.mean(row['launches'] for row in rows):.0f}")
+        profiled = [row for row in rows if "launches" in row]  # steps that replayed a graph, with profiling on
+        if profiled:
+            parts.append(f"launches {statistics.mean(row['launches'] for row in profiled):.0f}")
         print("  ".join(parts))
         kernels: dict[str, float] = {}
-        for row in rows:
+        for row in profiled:
             for name, seconds in row.get("gpu_by_kernel", {}).items():
-                kernels[name] = kernels.get(name, 0.0) + seconds / len(rows)
+                kernels[name] = kernels.get(name, 0.0) + seconds / len(profiled)
         if kernels:  # mean device ms per step, largest first
             print(
                 "      "

@@ -37,8 +37,8 @@
 #ifndef KW
 #define KW 4  // warps per work-group, splitting k
 #endif
-#ifndef GROUP_CHUNKS
-#define GROUP_CHUNKS 4  // 32-column chunks per quantization group (group size / 32: 1, 2 or 4)
+#ifndef GROUP_CHUNKS  // 32-column chunks per quantization group (group size / 32: 1, 2 or 4), from the host
+#error "int4_mma needs -DGROUP_CHUNKS"
 #endif
 #ifndef UC
 #define UC 1  // chunks whose weights a warp loads before multiplying any: more bytes in flight per warp
