@@ -308,6 +308,12 @@ def mma_overrides() -> dict[str, int]:
     return overrides
 
 
+def on_matrix_units(rt, n: int) -> bool:
+    """Whether an int4 matmul of n tokens runs on the matrix-unit kernel on ``rt`` (int4_gemm, gate_up_silu, and
+    so which token counts linear_add_rmsnorm and the GEMV tuner see)."""
+    return n >= MMA_MIN_N and rt.use_mma
+
+
 def _mma_config(rt, n: int, rows: int, k: int, group_size: int, silu: bool = False) -> dict[str, int]:
     """The mma kernel's shape for n tokens of a rows x k matmul (module comment above), then overrides. With
     ``silu`` each row tile comes with its up tile, so MT is halved: the same work per warp as a plain matmul
@@ -383,7 +389,7 @@ def _int4_mma(rt, x, w, out, silu=False):
 def int4_gemm(rt, x, w, out):
     n, m = out.shape
     k = w.shape[1]
-    if n >= MMA_MIN_N and rt.use_mma:
+    if on_matrix_units(rt, n):
         _int4_mma(rt, x, w, out)
         return
     if n <= GEMV_PASSES_N:
@@ -419,7 +425,7 @@ def dense_gemm(rt, x, w, out):
 
 def gate_up_silu(rt, x, w_gate_up, out):
     n, f = out.shape
-    if w_gate_up.kind == "int4" and n >= MMA_MIN_N and rt.use_mma:
+    if w_gate_up.kind == "int4" and on_matrix_units(rt, n):
         _int4_mma(rt, x, w_gate_up, out, silu=True)
     elif w_gate_up.kind == "int4" and n <= GEMV_PASSES_N:
         _int4_gemv_passes(rt, x, w_gate_up, out, silu=True)
@@ -429,7 +435,7 @@ def gate_up_silu(rt, x, w_gate_up, out):
 
 def linear_add_rmsnorm(rt, x, w, residual, weight, eps, out):
     n = out.shape[0]
-    if w.kind != "int4" or n > SMALL_N or not rt.fused_tails or (n >= MMA_MIN_N and rt.use_mma):
+    if w.kind != "int4" or n > SMALL_N or not rt.fused_tails or on_matrix_units(rt, n):
         generic_linear_add_rmsnorm(rt, x, w, residual, weight, eps, out)
         return
     delta = rt.scratch("linear_add_rmsnorm", out.shape)

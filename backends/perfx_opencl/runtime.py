@@ -584,7 +584,7 @@ class OpenCLRuntime(Runtime):
         from . import ops, tuning  # ops imports this module
 
         # Token counts that reach the GEMV: with the matrix-unit kernel only single tokens do.
-        ns = [n for n in tuning.SMALL_NS if not (self.use_mma and n >= ops.MMA_MIN_N)]
+        ns = [n for n in tuning.SMALL_NS if not ops.on_matrix_units(self, n)]
         best = tuning.tune_gemv(self, tuning.model_shapes(config), ns, quick=quick, progress=progress)
         path = tuning.save(self, best)
         ops.clear_plans(self)  # later launches on this runtime use the new shapes...
