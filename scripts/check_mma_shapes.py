@@ -16,9 +16,9 @@ os.environ.setdefault("PERFX_OPENCL_MMA", "1")
 
 from perfx_opencl import ops  # noqa: E402
 
+from perfx_core import reference  # noqa: E402
 from perfx_core.plugins import get_registry  # noqa: E402
 from perfx_core.synthetic import random_int4  # noqa: E402
-from perfx_core.weights import dequantize  # noqa: E402
 
 # rows, k, group, tokens, SiLU
 CASES = [
@@ -42,10 +42,7 @@ def main() -> int:
         for rows, k, group, n, silu in CASES:
             weight = random_int4(2 * rows if silu else rows, k, group, rng)
             x = rng.standard_normal((n, k)).astype(np.float32)
-            want = x.astype(np.float64) @ dequantize(weight).astype(np.float64).T
-            if silu:
-                gate, up = want[:, :rows], want[:, rows:]
-                want = gate / (1 + np.exp(-gate)) * up
+            want = reference.gate_up_silu(x, weight) if silu else reference.matmul(x, weight)  # float64
             w = rt.prepare_weight(weight)
             for shape in SHAPES:
                 os.environ["PERFX_OPENCL_MMA_SHAPE"] = shape

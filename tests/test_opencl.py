@@ -410,13 +410,9 @@ def test_seeded_sampling_is_the_same_on_numpy_and_opencl(registry, smollm2):
 def _float64_matmul(x: np.ndarray, weight, silu: bool = False) -> np.ndarray:
     """x @ W.T against the dequantized int4 weight in float64; with ``silu`` W is [W_gate; W_up] and the result
     silu(gate) * up, as the gate_up_silu op computes it."""
-    from perfx_core.weights import dequantize
+    from perfx_core import reference
 
-    want = x.astype(np.float64) @ dequantize(weight).astype(np.float64).T
-    if not silu:
-        return want
-    gate, up = np.split(want, 2, axis=1)
-    return gate / (1 + np.exp(-gate)) * up
+    return reference.gate_up_silu(x, weight) if silu else reference.matmul(x, weight)
 
 
 @pytest.fixture
