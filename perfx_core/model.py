@@ -42,6 +42,19 @@ PREFILL_GRAPH_ROUNDING = 16
 MIXED_PROMPT_ROWS = 64
 
 
+class QueuedRows:
+    """A decode step queued on the device (LlamaModel.queue_decode); ``result()`` waits for its rows."""
+
+    def __init__(self, read: Callable[[], np.ndarray]):
+        self._read: Callable[[], np.ndarray] | None = read
+        self._rows: np.ndarray | None = None
+
+    def result(self) -> np.ndarray:
+        if self._read is not None:  # read once: the buffers are reused by later steps
+            self._rows, self._read = self._read(), None
+        return self._rows
+
+
 class LlamaModel:
     """A Llama model placed on a runtime. ``prefill`` and ``decode`` return host float32 logits."""
 
@@ -76,6 +89,7 @@ class LlamaModel:
         # prompt rows), (decode signature, prompt signature), pick), prefill by ("prefill", length, signature).
         self._graphs: dict[Any, Any] = {}
         self.recordings = 0  # graphs recorded so far (a recording step runs the ops' Python: slower than a replay)
+        self._unread: QueuedRows | None = None  # the last queued decode step, until its rows are read
 
     def _upload_weights(self, weights: LlamaWeights) -> None:
         rt = self.rt
@@ -215,7 +229,24 @@ class LlamaModel:
         sampling: np.ndarray | None = None,
         prompt: tuple[Sequence[int], int, int] | None = None,
     ) -> np.ndarray:
-        """One new token per sequence: token b goes to ``slots[b]`` at ``positions[b]``. Returns the (B, vocab)
+        """One new token per sequence (``queue_decode``, then waiting for its rows)."""
+        return self.queue_decode(tokens, slots, positions, argmax=argmax, sampling=sampling, prompt=prompt).result()
+
+    def queue_decode(
+        self,
+        tokens: Sequence[int],
+        slots: Sequence[int],
+        positions: Sequence[int],
+        *,
+        argmax: bool = False,
+        sampling: np.ndarray | None = None,
+        prompt: tuple[Sequence[int], int, int] | None = None,
+    ) -> QueuedRows:
+        """Queue one decode step without waiting for it: on a device with its own queue (a GPU) the host is free
+        until ``.result()``, which waits and returns what ``decode`` does. The next step reuses this one's
+        buffers, so queueing it (or a prefill) first reads this step's rows.
+
+        One new token per sequence: token b goes to ``slots[b]`` at ``positions[b]``. Returns the (B, vocab)
         logits; with ``argmax`` the (B,) int32 index of each row's largest logit (first on ties); with
         ``sampling`` ((B, ENGINE_ROW) int32 rows of Sampler.engine_row) the (B,) ids the ``sample`` op draws. Both are
         picked on the device when the backend implements that op, else on the host from the logits.
@@ -308,13 +339,18 @@ class LlamaModel:
         picked = [rt.view(result, 0, (n, *result.shape[1:]))]
         if prompt is not None:
             picked.append(rt.view(result, last * math.prod(result.shape[1:]), (1, *result.shape[1:])))
-        values = np.concatenate([rt.to_numpy(part) for part in picked])
-        if pick is None or on_device:
-            return values
-        chosen = np.concatenate([np.arange(n), [last]]) if prompt is not None else np.arange(n)
-        if pick == "argmax":
-            return np.argmax(values, axis=1).astype(np.int32)
-        return np.array([engine_draw(values[i], sampling[row]) for i, row in enumerate(chosen)], dtype=np.int32)
+
+        def read() -> np.ndarray:
+            values = np.concatenate([rt.to_numpy(part) for part in picked])
+            if pick is None or on_device:
+                return values
+            chosen = np.concatenate([np.arange(n), [last]]) if prompt is not None else np.arange(n)
+            if pick == "argmax":
+                return np.argmax(values, axis=1).astype(np.int32)
+            return np.array([engine_draw(values[i], sampling[row]) for i, row in enumerate(chosen)], dtype=np.int32)
+
+        self._unread = QueuedRows(read)
+        return self._unread
 
     def mixed_prompt_room(self, decode_rows: int) -> int:
         """Prompt tokens a mixed step (``decode(..., prompt=...)``) takes next to ``decode_rows`` decode rows."""
@@ -324,6 +360,9 @@ class LlamaModel:
         """Queue a step: a runtime that captures graphs replays the step recorded under ``key`` with new index
         ``inputs`` (its ops' Python skipped), else the step runs and is recorded; ``key`` None just runs it."""
         rt = self.rt
+        if self._unread is not None:  # its rows live in buffers this step overwrites
+            self._unread.result()
+            self._unread = None
         graph = self._graphs.get(key) if key is not None else None
         if graph is not None:
             rt.replay(graph, inputs)

@@ -243,8 +243,10 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     ]
     if args.model:
         command.insert(3, args.model)
-    if args.mixed_steps is not None:  # else the server's default (on for GPU devices)
-        command.append("--mixed-steps" if args.mixed_steps else "--no-mixed-steps")
+    for flag in ("mixed_steps", "overlap_output"):  # None: the server's default (on for GPU devices)
+        value = getattr(args, flag)
+        if value is not None:
+            command.append(f"--{'' if value else 'no-'}{flag.replace('_', '-')}")
     env = {k: v for k, v in os.environ.items() if k != "PERFX_API_KEY"}
     process = subprocess.Popen(command, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -274,6 +276,12 @@ def main() -> int:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="--mixed-steps / --no-mixed-steps of the started server (default: the server's: on for GPUs)",
+    )
+    parser.add_argument(
+        "--overlap-output",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="--overlap-output / --no-overlap-output of the started server (default: the server's: on for GPUs)",
     )
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--concurrency", default="1,4,16,64", help="comma-separated levels")

@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 import pytest
+from scheduler_check import check_overlapped_output
 
 pytest.importorskip("pyopencl", reason="pyopencl is not installed (pip install 'perfx[opencl]')")
 
@@ -384,6 +385,17 @@ def test_without_fused_tails_the_ops_use_separate_launches(registry, monkeypatch
     finally:
         rt.close()
     assert_backend_conforms("opencl", ops=["linear_add_rmsnorm", "attention_decode"])
+
+
+@pytest.mark.slow
+def test_scheduler_overlapping_output_with_queued_steps_gives_generates_completions(registry):
+    """On OpenCL a queued decode step runs while the scheduler handles the previous step's text (the server's
+    default on GPUs): four requests in mixed and decode steps get what Generation gives, overlap on and off."""
+    model = perfx_core.load(backend="opencl", context_length=256, n_slots=4)
+    try:
+        check_overlapped_output(model, mixed=True)
+    finally:
+        model.close()
 
 
 @pytest.mark.slow

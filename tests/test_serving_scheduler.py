@@ -3,10 +3,11 @@ decode, slots freed on cancel, and the bounded queue. (tests/test_serving.py cov
 
 from __future__ import annotations
 
-import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from scheduler_check import Collector, check_overlapped_output
 
 from perfx_core.sampling import Sampler, SamplingParams, engine_draw
 from perfx_core.serving.scheduler import (
@@ -14,7 +15,6 @@ from perfx_core.serving.scheduler import (
     GenerationRequest,
     QueueFullError,
     Scheduler,
-    TextDelta,
 )
 
 VOCAB, EOS, NEXT = 8, 0, 5  # the fake model always predicts token NEXT
@@ -37,6 +37,10 @@ class FakeEngine:
     def mixed_prompt_room(self, decode_rows: int) -> int:
         return self.mixed_room
 
+    def queue_decode(self, *args, **kwargs):
+        rows = self.decode(*args, **kwargs)
+        return SimpleNamespace(result=lambda: rows)
+
     def decode(self, tokens, slots, positions, argmax=False, sampling=None, prompt=None):
         """LlamaModel.decode's contract: logits, or the picked ids (argmax, or sampling rows' draws); with a
         prompt chunk one more row, last."""
@@ -58,27 +62,17 @@ class FakeTokenizer:
         return "".join(chr(ord("a") + i) for i in ids)
 
 
-class Collector:
-    """A request's events, with a flag for its end."""
-
-    def __init__(self):
-        self.events: list = []
-        self.done = threading.Event()
-
-    def __call__(self, event) -> None:
-        self.events.append(event)
-        if not isinstance(event, TextDelta):
-            self.done.set()
-
-
 def _request(prompt_len: int, max_tokens: int, collector: Collector) -> GenerationRequest:
     return GenerationRequest([1] * prompt_len, max_tokens, SamplingParams(temperature=0), collector)
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("mixed", [False, True])
-def test_long_prompt_is_prefilled_in_chunks_between_decode_steps(mixed):
+def test_long_prompt_is_prefilled_in_chunks_between_decode_steps(mixed, overlap):
     engine = FakeEngine(n_slots=2)
-    scheduler = Scheduler(engine, FakeTokenizer(), max_queue=4, prefill_chunk=4, mixed_steps=mixed)
+    scheduler = Scheduler(
+        engine, FakeTokenizer(), max_queue=4, prefill_chunk=4, mixed_steps=mixed, overlap_output=overlap
+    )
     short, long = Collector(), Collector()
     scheduler.submit(_request(3, 12, short))
     scheduler.submit(_request(10, 3, long))
@@ -183,3 +177,10 @@ def test_fast_sampler_draws_the_tempered_softmax_and_repeats_with_a_seed():
     assert np.abs(np.bincount(draws, minlength=20) / len(draws) - expected).max() < 0.015
     again = Sampler(params)
     assert [again(logits) for _ in range(50)] == draws[:50]
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_overlapped_output_gives_generates_completions_on_the_real_model(smollm2, mixed):
+    """With overlap_output a stop string is found one step late (scheduler_check.py): the completions of four
+    requests decoded together stay Generation's, with the overlap on and off."""
+    check_overlapped_output(smollm2, mixed)

@@ -76,7 +76,8 @@ class ServerState:
                 n_slots=c.max_running,
                 prefill_chunk=c.prefill_chunk,
             )
-            mixed_steps = c.mixed_steps if c.mixed_steps is not None else model.engine.rt.device.kind == "gpu"
+            on_gpu = model.engine.rt.device.kind == "gpu"
+            mixed_steps = c.mixed_steps if c.mixed_steps is not None else on_gpu
             # Kernels compile and steps are recorded now (/health still 503), not while requests wait.
             model.engine.warm_up(mixed_steps=mixed_steps)
             scheduler = Scheduler(
@@ -86,6 +87,7 @@ class ServerState:
                 prefill_chunk=c.prefill_chunk,
                 metrics=self.metrics,
                 mixed_steps=mixed_steps,
+                overlap_output=c.overlap_output if c.overlap_output is not None else on_gpu,
             )
             with self._lock:
                 if self._closed:  # the server stopped while we were loading

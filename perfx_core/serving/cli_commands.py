@@ -36,6 +36,13 @@ def add_commands(subparsers) -> None:
         "(default: on for a GPU device, off on a CPU; docs/serving.md has the measurements)",
     )
     serve.add_argument(
+        "--overlap-output",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="handle each step's text (detokenizing, stop strings, streaming) while the device runs the next "
+        "step (default: on for a GPU device, off on a CPU)",
+    )
+    serve.add_argument(
         "--api-key",
         default=os.environ.get("PERFX_API_KEY") or None,
         help="require 'Authorization: Bearer KEY' on every route but /health (default: $PERFX_API_KEY)",
@@ -66,6 +73,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         prefill_chunk=args.prefill_chunk,
         mixed_steps=args.mixed_steps,
+        overlap_output=args.overlap_output,
         api_key=args.api_key,
         max_body_bytes=args.max_body_bytes,
     )

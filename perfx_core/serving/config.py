@@ -26,6 +26,9 @@ class ServerConfig:
     # A prompt chunk in the decode step's forward pass; None: on where the device is a GPU, off on CPUs
     # (docs/serving.md: it paid on the H200, and cost throughput and first tokens on a CPU).
     mixed_steps: bool | None = None
+    # A step's text (detokenizing, stop strings, events) handled while the device runs the next step; None: on
+    # where the device is a GPU (a CPU backend computes while queueing, so there is nothing to overlap).
+    overlap_output: bool | None = None
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 

@@ -5,6 +5,12 @@ waiting ones into free slots, prefills at most one chunk of one prompt, then run
 every sequence that has a token to feed. With ``mixed_steps`` the chunk (MIXED_CHUNK tokens) rides in that
 decode's forward pass instead when something is decoding and the engine has room for it. Results go back
 through each request's thread-safe ``emit`` callback.
+
+A step's tokens are taken in two parts: first what the next step needs (the token, and whether an end-of-sequence
+token or max_tokens ends the sequence), then the text (detokenizing, stop strings, events, latency metrics).
+With ``overlap_output`` the text of step N is handled after step N+1 is queued, while the device runs it, so the
+device does not wait for the host's bookkeeping between steps. A stop string found then ends its sequence one
+step late: that sequence's row in step N+1 is computed and dropped.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..generation import StreamingText, accept_token
+from ..generation import StreamingText
 from ..sampling import Sampler, SamplingParams
 
 if TYPE_CHECKING:
@@ -89,6 +95,8 @@ class _Sequence:
     pending: int | None = None  # sampled token not yet fed through decode
     position: int = 0  # cache position of ``pending``
     generated: list[int] = field(default_factory=list)
+    unsent: int = 0  # the last tokens of ``generated`` whose text is not handled yet (_send_text)
+    ending: str | None = None  # a finish reason the tokens gave (EOS, max_tokens), applied once the text is sent
     last_token_time: float = 0.0  # 0 until the first token
     finish_reason: str | None = None
     done: bool = False
@@ -110,6 +118,7 @@ class Scheduler:
         prefill_chunk: int,
         metrics: ServerMetrics | None = None,
         mixed_steps: bool = False,
+        overlap_output: bool = False,
     ):
         self.engine = engine
         self.tokenizer = tokenizer
@@ -118,6 +127,8 @@ class Scheduler:
         self.metrics = metrics
         # A prompt chunk rides along with the decode rows in one forward pass (engine.mixed_prompt_room).
         self.mixed_steps = mixed_steps
+        # A step's text is handled while the device runs the next step (module docstring).
+        self.overlap_output = overlap_output
         self.n_slots = engine.n_slots
         self.max_batch_size = 0  # largest decode batch so far: shows batching really happened
         self._cond = threading.Condition()
@@ -220,6 +231,19 @@ class Scheduler:
                 self.metrics.prompt_tokens.inc(len(request.prompt_ids))
 
     def _step(self) -> None:
+        """Queue this iteration's engine work, handle the text of tokens already taken (with ``overlap_output``
+        while the device runs that work), then take the step's tokens."""
+        collect = self._queue_work()
+        if self.overlap_output:
+            self._send_texts()
+        if collect is not None:
+            collect()
+        if not self.overlap_output or not self._decode_batch():  # no next step to overlap with
+            self._send_texts()
+
+    def _queue_work(self) -> Callable[[], None] | None:
+        """Queue the next engine step (a prompt chunk and/or a decode or mixed step); returns what takes its
+        tokens once it is done (None when nothing was queued). A prefill on its own is waited for here."""
         engine = self.engine
         prefilling = next((s for s in self._running if s.prefilling and not s.done), None)
         batch = self._decode_batch()
@@ -228,12 +252,12 @@ class Scheduler:
             room = engine.mixed_prompt_room(len(batch))
             remaining = len(prefilling.request.prompt_ids) - prefilling.prefilled
             if room >= min(MIXED_CHUNK, remaining):
-                self._mixed_step(prefilling, batch, room)
-                return
+                return self._queue_mixed_step(prefilling, batch, room)
         if prefilling is not None:
             # One chunk per iteration, so sequences already decoding wait at most one chunk for their next token.
             prompt = prefilling.request.prompt_ids
             chunk = prompt[prefilling.prefilled : prefilling.prefilled + self.prefill_chunk]
+            self._send_texts()  # the host waits for a prefill on its own anyway: nothing to overlap with
             start = time.perf_counter()
             logits = engine.prefill(chunk, prefilling.slot, prefilling.prefilled)
             if self.metrics:
@@ -241,17 +265,22 @@ class Scheduler:
             prefilling.prefilled += len(chunk)
             if not prefilling.prefilling:
                 prefilling.position = len(prompt)
-                self._accept(prefilling, logits)
+                self._take(prefilling, logits)
             batch = self._decode_batch()
-        if batch:
-            picks = self._picks(batch)
-            start = time.perf_counter()
-            tokens, slots, positions = self._decode_args(batch)
-            rows = engine.decode(tokens, slots, positions, **picks)
-            self._record_step("decode", start, len(batch))
-            self._accept_rows(batch, rows, bool(picks))
+        if not batch:
+            return None
+        picks = self._picks(batch)
+        start = time.perf_counter()
+        queued = engine.queue_decode(*self._decode_args(batch), **picks)
 
-    def _mixed_step(self, prefilling: _Sequence, batch: list[_Sequence], room: int) -> None:
+        def collect() -> None:
+            rows = queued.result()
+            self._record_step("decode", start, len(batch))
+            self._take_rows(batch, rows, bool(picks))
+
+        return collect
+
+    def _queue_mixed_step(self, prefilling: _Sequence, batch: list[_Sequence], room: int) -> Callable[[], None]:
         """One forward pass for the decode rows and the next chunk (at most ``room`` tokens) of a prompt: the
         sequences decoding wait for one pass, not a prefill and then a decode (LlamaModel.decode(prompt=...))."""
         prompt = prefilling.request.prompt_ids
@@ -263,16 +292,20 @@ class Scheduler:
             if "sampling" in picks:
                 picks["sampling"] = np.concatenate([picks["sampling"], picks["sampling"][-1:]])
         start = time.perf_counter()
-        tokens, slots, positions = self._decode_args(batch)
-        rows = self.engine.decode(
-            tokens, slots, positions, prompt=(chunk, prefilling.slot, prefilling.prefilled), **picks
+        queued = self.engine.queue_decode(
+            *self._decode_args(batch), prompt=(chunk, prefilling.slot, prefilling.prefilled), **picks
         )
-        self._record_step("mixed", start, len(batch))
-        self._accept_rows(batch, rows[:-1], bool(picks))
-        prefilling.prefilled += len(chunk)
-        if not prefilling.prefilling:  # the chunk's last token gives the sequence its first token
-            prefilling.position = len(prompt)
-            self._accept_rows([prefilling], rows[-1:], bool(picks), advance=False)
+
+        def collect() -> None:
+            rows = queued.result()
+            self._record_step("mixed", start, len(batch))
+            self._take_rows(batch, rows[:-1], bool(picks))
+            prefilling.prefilled += len(chunk)
+            if not prefilling.prefilling:  # the chunk's last token gives the sequence its first token
+                prefilling.position = len(prompt)
+                self._take_rows([prefilling], rows[-1:], bool(picks), advance=False)
+
+        return collect
 
     @staticmethod
     def _decode_args(batch: list[_Sequence]) -> tuple[list[int], list[int], list[int]]:
@@ -299,41 +332,65 @@ class Scheduler:
             self.metrics.engine_seconds.labels(kind).observe(time.perf_counter() - start)
             self.metrics.decode_batch_size.observe(rows)
 
-    def _accept_rows(self, seqs: list[_Sequence], rows: np.ndarray, picked: bool, advance: bool = True) -> None:
+    def _take_rows(self, seqs: list[_Sequence], rows: np.ndarray, picked: bool, advance: bool = True) -> None:
         for seq, row in zip(seqs, rows, strict=True):
+            if seq.done:  # a stop string ended it while this step ran: its row is dropped
+                continue
             if advance:  # the row fed the pending token at seq.position
                 seq.position += 1
             if picked:
-                self._accept(seq, token=int(row))
+                self._take(seq, token=int(row))
             else:
-                self._accept(seq, row)
+                self._take(seq, row)
 
-    def _accept(self, seq: _Sequence, logits: np.ndarray | None = None, token: int | None = None) -> None:
-        """Sample the next token of ``seq`` from ``logits`` (or take the engine's ``token``) and stream it, or
-        finish the sequence."""
-        request, metrics = seq.request, self.metrics
+    def _take(self, seq: _Sequence, logits: np.ndarray | None = None, token: int | None = None) -> None:
+        """Sample the next token of ``seq`` from ``logits`` (or take the engine's ``token``): the part of
+        accepting it that the next step needs. Its text waits for _send_texts."""
+        request = seq.request
         seq.pending = None
         if token is None:
             history = request.prompt_ids + seq.generated if request.sampling.repetition_penalty != 1.0 else ()
             token = seq.sampler(logits, history)
-        now = time.perf_counter()
-        if metrics:
-            if seq.last_token_time:
-                metrics.inter_token_latency.observe(now - seq.last_token_time)
-            else:
-                metrics.time_to_first_token.observe(now - request.arrival)
-        seq.last_token_time = now
-        delta, reason = accept_token(
-            token, seq.generated, seq.streaming, self.tokenizer.eos_ids, request.ignore_eos, request.max_tokens
-        )
-        if delta is not None and metrics:
-            metrics.generation_tokens.inc()
-        if delta:
-            request.emit(TextDelta(delta))
-        if reason is not None:
-            self._finish(seq, reason)
+        if token in self.tokenizer.eos_ids and not request.ignore_eos:
+            seq.ending = "stop"
+            return
+        seq.generated.append(token)
+        seq.unsent += 1
+        if len(seq.generated) >= request.max_tokens:
+            seq.ending = "length"
         else:
             seq.pending = token
+
+    def _send_texts(self) -> None:
+        for seq in self._running:
+            if not seq.done and (seq.unsent or seq.ending):
+                self._send_text(seq)
+
+    def _send_text(self, seq: _Sequence) -> None:
+        """Stream the text of ``seq``'s new tokens and finish it on a stop string, or on the ending its tokens
+        gave. Tokens after a stop string (taken while its text waited) are not part of the completion."""
+        request, metrics = seq.request, self.metrics
+        new = seq.generated[len(seq.generated) - seq.unsent :]
+        seq.unsent = 0
+        now = time.perf_counter()
+        for _ in range(len(new) + (seq.ending == "stop")):  # an end-of-sequence token arrives too, without text
+            if metrics and seq.last_token_time:
+                metrics.inter_token_latency.observe(now - seq.last_token_time)
+            elif metrics:
+                metrics.time_to_first_token.observe(now - request.arrival)
+            seq.last_token_time = now
+        for i, token in enumerate(new):
+            delta = seq.streaming.push(token)
+            if metrics:
+                metrics.generation_tokens.inc()
+            if delta:
+                request.emit(TextDelta(delta))
+            if seq.streaming.stopped:
+                del seq.generated[len(seq.generated) - len(new) + i + 1 :]
+                self._finish(seq, "stop")
+                return
+        if seq.ending is not None:
+            self._finish(seq, seq.ending)
 
     def _finish(self, seq: _Sequence, reason: str) -> None:
         tail = seq.streaming.flush()
