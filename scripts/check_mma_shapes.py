@@ -1,6 +1,7 @@
 """Check the matrix-unit int4 kernel (kernels/int4_mma.cl) against float64 over forced shapes, on a device where
-it is native: UC 1, 2 and 4 (runs of chunks loaded ahead, with single chunks before and after them), 32-, 64-
-and 128-column groups, gate|up with SiLU, partial row and token tiles. PoCL's emulation only runs UC = 1.
+it is native: UC 1, 2 and 4 (runs of chunks loaded ahead, with single chunks before and after them), three token
+tiles, 32-, 64- and 128-column groups, gate|up with SiLU, partial row and token tiles. PoCL's emulation only runs
+UC = 1.
 
     python scripts/check_mma_shapes.py        # one line per case, "OK" when NMSE < 1e-6; exit status 1 if any is not
 """
@@ -30,7 +31,16 @@ CASES = [
     (150, 4096, 128, 2, True),
     (72, 1152, 128, 24, False),
 ]
-SHAPES = ("UC=1", "", "UC=2", "UC=4,KW=8", "UC=4,MT=1,NT8=4", "KW=2,UC=4")  # "": the default rule
+SHAPES = (
+    "UC=1",
+    "",
+    "UC=2",
+    "UC=4,KW=8",
+    "UC=4,MT=1,NT8=4",
+    "KW=2,UC=4",
+    "NT8=3,UC=4",
+    "MT=4,NT8=3,KW=2",
+)  # "": the default rule
 
 
 def main() -> int:

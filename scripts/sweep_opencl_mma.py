@@ -32,7 +32,7 @@ def shapes(n: int, ucs: list[int], default_tiles: dict | None):
     elif n <= 16:
         tiles = [(mt, 1 if n <= 8 else 2) for mt in (1, 2, 4)]
     else:
-        tiles = list(itertools.product((2, 4), (2, 4)))
+        tiles = list(itertools.product((2, 4), (2, 3, 4)))
     kws = (4, 8, 16) if n <= 16 else (1, 2, 4, 8)
     return [{"MT": mt, "NT8": nt8, "KW": kw, "UC": uc} for (mt, nt8), kw, uc in itertools.product(tiles, kws, ucs)]
 

@@ -358,7 +358,7 @@ def test_a_graph_keeps_its_buffers_alive(registry, smollm2_path, monkeypatch):
 
 @pytest.mark.parametrize(
     "variable, value, parse",
-    [("PERFX_OPENCL_GEMV", "RW=32,UC=0", "gemv_overrides"), ("PERFX_OPENCL_MMA_SHAPE", "MT=3", "mma_overrides")],
+    [("PERFX_OPENCL_GEMV", "RW=32,UC=0", "gemv_overrides"), ("PERFX_OPENCL_MMA_SHAPE", "MT=5", "mma_overrides")],
 )
 def test_bad_kernel_shape_override_is_a_clear_error(registry, monkeypatch, variable, value, parse):
     from perfx_opencl import ops
@@ -521,6 +521,7 @@ def test_matrix_unit_kernel_conforms(registry, matrix_units):
         (70, False, 64, 384, ""),  # several token tiles, a partial last one; 12 chunks over 2 warps
         (13, False, 32, 96, "KW=8"),  # 3 chunks: KW falls back to a divisor (1)
         (40, True, 128, 1024, "MT=1,NT8=1,KW=16"),
+        (21, False, 32, 768, ""),  # three token tiles (17-24 tokens), the last one partial
         # Chunks loaded ahead (UC): 18 chunks per warp, so runs of 4 with single chunks after (warp 0) or before
         # (warp 1) them; groups of 64 columns cap UC at 2. PoCL's emulation runs UC = 1: these check UC > 1 where
         # it is native.
@@ -557,6 +558,8 @@ def test_matrix_unit_kernel_matches_float(registry, monkeypatch, matrix_units, n
             assert all(b["UC"] == (min(4, group // 32) if rt.native_mma else 1) for b in built)
         if shape == "KW=8":
             assert built[0]["KW"] == 1
+        if not shape:  # the default rule's token tiles: 1 up to 8 tokens, 2 up to 16, 3 up to 24, then 4
+            assert built[0]["NT8"] == min(4, -(-n // 8)) if n <= 24 else 4
     finally:
         rt.close()
         monkeypatch.delenv("PERFX_OPENCL_MMA_SHAPE")
@@ -564,8 +567,8 @@ def test_matrix_unit_kernel_matches_float(registry, monkeypatch, matrix_units, n
 
 
 def test_matrix_unit_shape_loads_chunks_ahead_within_a_group(registry, monkeypatch):
-    """The mma shape rule's UC (chunks loaded ahead): 4 where a warp holds two row tiles of sums and one or four
-    token tiles, 1 with two token tiles or four row tiles, never more than a group's chunks, an override capped
+    """The mma shape rule's UC (chunks loaded ahead): 4 where a warp holds two row tiles of sums and one, three or
+    four token tiles, 1 with two token tiles or four row tiles, never more than a group's chunks, an override capped
     the same way, and always 1 in the portable emulation (its barriers)."""
     from perfx_opencl import ops
 
@@ -579,11 +582,12 @@ def test_matrix_unit_shape_loads_chunks_ahead_within_a_group(registry, monkeypat
         rt.__dict__["native_mma"] = True
         uc = {(n, m, group, silu): ops._mma_config(rt, n, m, 4096, group, silu)["UC"] for n, m, group, silu in [
             (4, 4096, 128, False), (12, 4096, 128, False), (24, 4096, 128, False), (40, 4096, 128, False),
+            (32, 4096, 128, False),
             (24, 11008, 128, True), (4, 11008, 128, True), (4, 4096, 32, False), (24, 4096, 64, False),
         ]}  # fmt: skip
         assert uc == {
             (4, 4096, 128, False): 4, (12, 4096, 128, False): 1, (24, 4096, 128, False): 4,
-            (40, 4096, 128, False): 1, (24, 11008, 128, True): 1, (4, 11008, 128, True): 4,
+            (40, 4096, 128, False): 1, (32, 4096, 128, False): 4, (24, 11008, 128, True): 1, (4, 11008, 128, True): 4,
             (4, 4096, 32, False): 1, (24, 4096, 64, False): 2,
         }  # fmt: skip
         monkeypatch.setenv("PERFX_OPENCL_MMA_SHAPE", "UC=8")
