@@ -51,7 +51,8 @@ class QueuedRows:
 
     def result(self) -> np.ndarray:
         if self._read is not None:  # read once: the buffers are reused by later steps
-            self._rows, self._read = self._read(), None
+            read, self._read = self._read, None  # a failed read is not retried by the next step
+            self._rows = read()
         return self._rows
 
 
@@ -361,8 +362,8 @@ class LlamaModel:
         ``inputs`` (its ops' Python skipped), else the step runs and is recorded; ``key`` None just runs it."""
         rt = self.rt
         if self._unread is not None:  # its rows live in buffers this step overwrites
-            self._unread.result()
-            self._unread = None
+            unread, self._unread = self._unread, None
+            unread.result()
         graph = self._graphs.get(key) if key is not None else None
         if graph is not None:
             rt.replay(graph, inputs)

@@ -327,12 +327,15 @@ def test_client_disconnect_cancels_and_frees_the_slot(server):
     assert server.metrics()['perfx_requests_finished_total{finish_reason="cancelled"}'] == 1
 
 
-@pytest.mark.parametrize("flag", ["--mixed-steps", "--no-mixed-steps", None])
-def test_prompts_joining_a_decode_give_the_greedy_text(greedy, flag):
+@pytest.mark.parametrize(
+    "flags", [("--mixed-steps",), ("--no-mixed-steps",), (), ("--mixed-steps", "--overlap-output")]
+)
+def test_prompts_joining_a_decode_give_the_greedy_text(greedy, flags):
     """With mixed steps the prompts of requests arriving while another decodes ride in its decode steps (metric
-    kind "mixed"); without, they are prefilled between them (the default on a CPU, as here: None). Every
-    request gets generate()'s greedy text either way."""
-    server = Server("--max-running", "3", *([flag] if flag else [])).wait_ready()
+    kind "mixed"); without, they are prefilled between them (the default on a CPU, as here: no flags). With
+    overlapped output (the default on a GPU) each step's text is sent while the next step runs. Every request
+    gets generate()'s greedy text either way."""
+    server = Server("--max-running", "3", *flags).wait_ready()
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
     try:
         first = client.completions.create(
@@ -363,7 +366,7 @@ def test_prompts_joining_a_decode_give_the_greedy_text(greedy, flag):
         list(first)
         assert texts == {0: greedy["completion"], 1: greedy["completion"]}
         mixed = server.metrics().get('perfx_engine_step_seconds_count{kind="mixed"}', 0)
-        assert mixed >= 1 if flag == "--mixed-steps" else mixed == 0
+        assert mixed >= 1 if "--mixed-steps" in flags else mixed == 0
     finally:
         server.stop()
 

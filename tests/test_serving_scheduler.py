@@ -1,5 +1,6 @@
 """The continuous-batching scheduler on a recording fake engine: chunked prefill interleaved with batched
-decode, slots freed on cancel, and the bounded queue. (tests/test_serving.py covers the real model over HTTP.)"""
+decode, slots freed on cancel, the bounded queue, and where text goes out with and without overlapped output.
+(tests/test_serving.py covers the real model over HTTP; scheduler_check.py the real model in process.)"""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from scheduler_check import Collector, check_overlapped_output
 
 from perfx_core.sampling import Sampler, SamplingParams, engine_draw
 from perfx_core.serving.scheduler import (
+    Failed,
     Finished,
     GenerationRequest,
     QueueFullError,
     Scheduler,
+    TextDelta,
 )
 
 VOCAB, EOS, NEXT = 8, 0, 5  # the fake model always predicts token NEXT
@@ -184,3 +187,73 @@ def test_overlapped_output_gives_generates_completions_on_the_real_model(smollm2
     """With overlap_output a stop string is found one step late (scheduler_check.py): the completions of four
     requests decoded together stay Generation's, with the overlap on and off."""
     check_overlapped_output(smollm2, mixed)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("stop, tokens", [("f", 1), ("ff", 2), ("fff", 3)])
+def test_a_stop_string_ends_the_text_and_the_count_at_its_token(overlap, stop, tokens):
+    """The fake model writes "f" forever; a stop string of n f's ends the completion at its n-th token with no
+    text. With overlapped output the stop can be found one step late: then one extra row is computed and its
+    token dropped."""
+    engine = FakeEngine(n_slots=2)
+    scheduler = Scheduler(engine, FakeTokenizer(), max_queue=4, prefill_chunk=4, overlap_output=overlap)
+    stopped, other = Collector(), Collector()
+    scheduler.submit(GenerationRequest([1] * 3, 20, SamplingParams(temperature=0), stopped, stop=(stop,)))
+    scheduler.submit(_request(3, 12, other))  # keeps steps running after the stop
+    scheduler.start()
+    try:
+        assert stopped.done.wait(10) and other.done.wait(10)
+    finally:
+        scheduler.stop()
+    assert stopped.events == [Finished("stop", 3, tokens)]
+    assert other.events[-1] == Finished("length", 3, 12)
+    rows = [call for call in engine.calls if call[0] == "decode" and 0 in call[1]]  # slot 0: the stopped one
+    # Its first token came from the prefill; at most one extra row with overlap (none when a prefill of the other
+    # request came between: the text is sent before a prefill on its own).
+    assert tokens - 1 <= len(rows) <= tokens - 1 + overlap
+
+
+def test_without_overlap_each_token_goes_out_before_the_next_step():
+    """Without overlapped output (the CPU default) the first token's text is sent right after its prefill, and
+    each later one right after its step, before anything else is queued."""
+    engine = FakeEngine(n_slots=1)
+    scheduler = Scheduler(engine, FakeTokenizer(), max_queue=4, prefill_chunk=8)
+    seen: list[int] = []
+    collector = Collector()
+
+    def emit(event) -> None:
+        seen.append(len(engine.calls))  # engine calls made when the event went out
+        collector(event)
+
+    scheduler.submit(GenerationRequest([1] * 3, 3, SamplingParams(temperature=0), emit))
+    scheduler.start()
+    try:
+        assert collector.done.wait(10)
+    finally:
+        scheduler.stop()
+    assert [type(e) for e in collector.events] == [TextDelta, TextDelta, TextDelta, Finished]
+    assert seen == [1, 2, 3, 3]  # after the prefill, after each decode
+
+
+def test_a_failed_step_does_not_fail_requests_that_already_ended():
+    """With overlapped output a request can end (max_tokens) with its last text not yet sent when the next step
+    fails: it still gets its text and Finished; the requests still running get Failed."""
+
+    class FailingEngine(FakeEngine):
+        def queue_decode(self, *args, **kwargs):
+            if sum(call[0] == "decode" for call in self.calls) == 2:
+                raise RuntimeError("device lost")
+            return super().queue_decode(*args, **kwargs)
+
+    engine = FailingEngine(n_slots=2)
+    scheduler = Scheduler(engine, FakeTokenizer(), max_queue=4, prefill_chunk=8, overlap_output=True)
+    short, long = Collector(), Collector()
+    scheduler.submit(_request(3, 3, short))  # its 3rd token comes from the 2nd decode step
+    scheduler.submit(_request(3, 10, long))
+    scheduler.start()
+    try:
+        assert short.done.wait(10) and long.done.wait(10)
+    finally:
+        scheduler.stop()
+    assert short.events == [TextDelta("f"), TextDelta("f"), TextDelta("f"), Finished("length", 3, 3)]
+    assert isinstance(long.events[-1], Failed) and "device lost" in long.events[-1].message

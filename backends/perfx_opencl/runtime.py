@@ -636,6 +636,7 @@ class OpenCLRuntime(Runtime):
                     queue.flush()
                 if events is not None:
                     events.append((name, event))
+            queue.flush()  # the last launches (logits, picks) too: the host may do other work before reading
 
     @contextmanager
     def profiling(self) -> Iterator[None]:

@@ -1,10 +1,10 @@
 """Continuous batching: one thread owns the LlamaModel and interleaves prompt chunks with batched decode steps.
 
 Each KV-cache slot holds one running sequence. Every iteration the scheduler drops cancelled requests, admits
-waiting ones into free slots, prefills at most one chunk of one prompt, then runs ONE ``engine.decode`` for
-every sequence that has a token to feed. With ``mixed_steps`` the chunk (MIXED_CHUNK tokens) rides in that
-decode's forward pass instead when something is decoding and the engine has room for it. Results go back
-through each request's thread-safe ``emit`` callback.
+waiting ones into free slots, prefills at most one chunk of one prompt, then runs ONE decode step
+(``engine.queue_decode``) for every sequence that has a token to feed. With ``mixed_steps`` the chunk
+(MIXED_CHUNK tokens) rides in that decode's forward pass instead when something is decoding and the engine has
+room for it. Results go back through each request's thread-safe ``emit`` callback.
 
 A step's tokens are taken in two parts: first what the next step needs (the token, and whether an end-of-sequence
 token or max_tokens ends the sequence), then the text (detokenizing, stop strings, events, latency metrics).
@@ -199,9 +199,11 @@ class Scheduler:
                 self._step()
             except Exception as exc:  # an engine failure fails the batch, not the server
                 log.exception("scheduler step failed")
+                self._send_taken_texts()
                 for seq in self._running:
                     self._fail(seq, f"generation failed: {type(exc).__name__}: {exc}")
             self._release_finished()
+        self._send_taken_texts()
         for seq in self._running:
             self._fail(seq, "the server is shutting down")
         for request in self._waiting:
@@ -240,6 +242,8 @@ class Scheduler:
             collect()
         if not self.overlap_output or not self._decode_batch():  # no next step to overlap with
             self._send_texts()
+        else:  # sequences that ended are in no next step: finished now, their slots are free for the next admission
+            self._send_texts(ending_only=True)
 
     def _queue_work(self) -> Callable[[], None] | None:
         """Queue the next engine step (a prompt chunk and/or a decode or mixed step); returns what takes its
@@ -266,6 +270,8 @@ class Scheduler:
             if not prefilling.prefilling:
                 prefilling.position = len(prompt)
                 self._take(prefilling, logits)
+                if not self.overlap_output:  # its first token goes out now, not after this iteration's decode
+                    self._send_texts()
             batch = self._decode_batch()
         if not batch:
             return None
@@ -275,6 +281,8 @@ class Scheduler:
 
         def collect() -> None:
             rows = queued.result()
+            # (From queueing to the rows: with overlap_output it includes the text handled meanwhile, which is
+            # shorter than a GPU step.)
             self._record_step("decode", start, len(batch))
             self._take_rows(batch, rows, bool(picks))
 
@@ -361,9 +369,17 @@ class Scheduler:
         else:
             seq.pending = token
 
-    def _send_texts(self) -> None:
+    def _send_taken_texts(self) -> None:
+        """Before failing the running sequences: the text of tokens already taken (with overlap_output a
+        sequence may have ended, its text not yet sent) still goes out."""
+        try:
+            self._send_texts()
+        except Exception:
+            log.exception("sending the last texts failed")
+
+    def _send_texts(self, ending_only: bool = False) -> None:
         for seq in self._running:
-            if not seq.done and (seq.unsent or seq.ending):
+            if not seq.done and (seq.ending if ending_only else seq.unsent or seq.ending):
                 self._send_text(seq)
 
     def _send_text(self, seq: _Sequence) -> None:
