@@ -22,6 +22,15 @@ class Collector:
             self.done.set()
 
 
+def run_until_done(scheduler: Scheduler, *collectors: Collector, timeout: float = 10) -> None:
+    """Start ``scheduler``, wait until every collector has its final event, and stop it (also on failure)."""
+    scheduler.start()
+    try:
+        assert all(c.done.wait(timeout) for c in collectors)
+    finally:
+        scheduler.stop()
+
+
 def check_overlapped_output(model, mixed: bool) -> None:
     """With overlap_output a step's text is handled after the next step is queued, so a stop string is found one
     step late: the sequence's extra token must not reach the text, the usage or the finish. Four SmolLM2 chat
@@ -47,11 +56,7 @@ def check_overlapped_output(model, mixed: bool) -> None:
         collectors = [Collector() for _ in cases]
         for (ids, stop, max_tokens), collector in zip(cases, collectors, strict=True):
             scheduler.submit(GenerationRequest(ids, max_tokens, SamplingParams(temperature=0), collector, stop=stop))
-        scheduler.start()
-        try:
-            assert all(c.done.wait(120) for c in collectors)
-        finally:
-            scheduler.stop()
+        run_until_done(scheduler, *collectors, timeout=120)
         got = [("".join(e.text for e in c.events[:-1]), c.events[-1]) for c in collectors]
         assert got == expected, f"overlap_output={overlap}"
         assert scheduler.max_batch_size >= 3 and scheduler.running == 0 and scheduler.slots_used == 0

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from scheduler_check import Collector, check_overlapped_output
+from scheduler_check import Collector, check_overlapped_output, run_until_done
 
 from perfx_core.sampling import Sampler, SamplingParams, engine_draw
 from perfx_core.serving.scheduler import (
@@ -79,11 +79,7 @@ def test_long_prompt_is_prefilled_in_chunks_between_decode_steps(mixed, overlap)
     short, long = Collector(), Collector()
     scheduler.submit(_request(3, 12, short))
     scheduler.submit(_request(10, 3, long))
-    scheduler.start()
-    try:
-        assert short.done.wait(10) and long.done.wait(10)
-    finally:
-        scheduler.stop()
+    run_until_done(scheduler, short, long)
     if mixed:  # each chunk of the long prompt rides in the short one's decode step
         assert engine.calls[:6] == [
             ("prefill", 0, 0, 3),  # nothing decodes yet: a prefill alone
@@ -122,11 +118,7 @@ def test_mixed_steps_keep_seeded_draws_and_never_starve_a_prompt():
         sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=7)
         scheduler.submit(GenerationRequest([1] * 3, 12, SamplingParams(temperature=0), first, ignore_eos=True))
         scheduler.submit(GenerationRequest([1] * 10, 6, sampling, second, ignore_eos=True))
-        scheduler.start()
-        try:
-            assert first.done.wait(10) and second.done.wait(10)
-        finally:
-            scheduler.stop()
+        run_until_done(scheduler, first, second)
         return "".join(e.text for e in second.events[:-1]), engine.calls
 
     plain, _ = run(False)
@@ -152,11 +144,7 @@ def test_cancelled_request_frees_its_slot_for_the_next():
     first_request.emit = cancel_after_two_tokens
     scheduler.submit(first_request)
     scheduler.submit(_request(2, 3, second))
-    scheduler.start()
-    try:
-        assert second.done.wait(10)
-    finally:
-        scheduler.stop()
+    run_until_done(scheduler, second)
     assert len(first.events) <= 3 and not first.done.is_set()  # no Finished: it was dropped
     assert second.events[-1] == Finished("length", 2, 3)
     assert scheduler.running == 0 and scheduler.slots_used == 0
@@ -200,11 +188,7 @@ def test_a_stop_string_ends_the_text_and_the_count_at_its_token(overlap, stop, t
     stopped, other = Collector(), Collector()
     scheduler.submit(GenerationRequest([1] * 3, 20, SamplingParams(temperature=0), stopped, stop=(stop,)))
     scheduler.submit(_request(3, 12, other))  # keeps steps running after the stop
-    scheduler.start()
-    try:
-        assert stopped.done.wait(10) and other.done.wait(10)
-    finally:
-        scheduler.stop()
+    run_until_done(scheduler, stopped, other)
     assert stopped.events == [Finished("stop", 3, tokens)]
     assert other.events[-1] == Finished("length", 3, 12)
     rows = [call for call in engine.calls if call[0] == "decode" and 0 in call[1]]  # slot 0: the stopped one
@@ -226,11 +210,7 @@ def test_without_overlap_each_token_goes_out_before_the_next_step():
         collector(event)
 
     scheduler.submit(GenerationRequest([1] * 3, 3, SamplingParams(temperature=0), emit))
-    scheduler.start()
-    try:
-        assert collector.done.wait(10)
-    finally:
-        scheduler.stop()
+    run_until_done(scheduler, collector)
     assert [type(e) for e in collector.events] == [TextDelta, TextDelta, TextDelta, Finished]
     assert seen == [1, 2, 3, 3]  # after the prefill, after each decode
 
@@ -250,10 +230,6 @@ def test_a_failed_step_does_not_fail_requests_that_already_ended():
     short, long = Collector(), Collector()
     scheduler.submit(_request(3, 3, short))  # its 3rd token comes from the 2nd decode step
     scheduler.submit(_request(3, 10, long))
-    scheduler.start()
-    try:
-        assert short.done.wait(10) and long.done.wait(10)
-    finally:
-        scheduler.stop()
+    run_until_done(scheduler, short, long)
     assert short.events == [TextDelta("f"), TextDelta("f"), TextDelta("f"), Finished("length", 3, 3)]
     assert isinstance(long.events[-1], Failed) and "device lost" in long.events[-1].message
