@@ -240,10 +240,10 @@ class Scheduler:
             self._send_texts()
         if collect is not None:
             collect()
+        # Sequences that ended wait for the next step's overlap phase too: finishing them here (their slots free a
+        # step sooner) made the H200's c16 p99 inter-token latency worse, 9.4-9.5 against 8.5 ms.
         if not self.overlap_output or not self._decode_batch():  # no next step to overlap with
             self._send_texts()
-        else:  # sequences that ended are in no next step: finished now, their slots are free for the next admission
-            self._send_texts(ending_only=True)
 
     def _queue_work(self) -> Callable[[], None] | None:
         """Queue the next engine step (a prompt chunk and/or a decode or mixed step); returns what takes its
@@ -377,9 +377,9 @@ class Scheduler:
         except Exception:
             log.exception("sending the last texts failed")
 
-    def _send_texts(self, ending_only: bool = False) -> None:
+    def _send_texts(self) -> None:
         for seq in self._running:
-            if not seq.done and (seq.ending if ending_only else seq.unsent or seq.ending):
+            if not seq.done and (seq.unsent or seq.ending):
                 self._send_text(seq)
 
     def _send_text(self, seq: _Sequence) -> None:
