@@ -26,6 +26,18 @@ class TokenEvent:
     text: str
 
 
+def take_token(
+    token: int, generated: list[int], eos_ids: Collection[int], ignore_eos: bool, max_tokens: int
+) -> str | None:
+    """The part of accepting a sampled token that needs no text (the server's scheduler does it before the text):
+    an end-of-sequence token ends the sequence without joining ``generated`` ("stop"); any other is appended,
+    and ends it when it is the max_tokens-th ("length"). None: go on."""
+    if token in eos_ids and not ignore_eos:
+        return "stop"
+    generated.append(token)
+    return "length" if len(generated) >= max_tokens else None
+
+
 def accept_token(
     token: int,
     generated: list[int],
@@ -34,22 +46,19 @@ def accept_token(
     ignore_eos: bool,
     max_tokens: int,
 ) -> tuple[str | None, str | None]:
-    """Apply one sampled token to a sequence (shared by Generation and the server's scheduler).
+    """Apply one sampled token to a sequence: take_token, then its text.
 
     Returns (text delta, finish reason). The delta is None when the token ends the sequence without being
-    part of it (an end-of-sequence token); otherwise the token is appended to ``generated`` and its text
-    (possibly "" while a UTF-8 character or a stop string is incomplete) returned. The reason is "stop" (EOS or
-    a stop string), "length" (max_tokens reached) or None (go on).
+    part of it (an end-of-sequence token); otherwise its text (possibly "" while a UTF-8 character or a stop
+    string is incomplete). The reason is "stop" (EOS or a stop string, which wins over max_tokens on the same
+    token), "length" (max_tokens reached) or None (go on).
     """
-    if token in eos_ids and not ignore_eos:
-        return None, "stop"
-    generated.append(token)
+    before = len(generated)
+    reason = take_token(token, generated, eos_ids, ignore_eos, max_tokens)
+    if len(generated) == before:  # an end-of-sequence token: no text
+        return None, reason
     delta = streaming.push(token)
-    if streaming.stopped:
-        return delta, "stop"
-    if len(generated) >= max_tokens:
-        return delta, "length"
-    return delta, None
+    return delta, "stop" if streaming.stopped else reason
 
 
 @dataclass

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..generation import StreamingText
+from ..generation import StreamingText, take_token
 from ..sampling import Sampler, SamplingParams
 
 if TYPE_CHECKING:
@@ -359,14 +359,10 @@ class Scheduler:
         if token is None:
             history = request.prompt_ids + seq.generated if request.sampling.repetition_penalty != 1.0 else ()
             token = seq.sampler(logits, history)
-        if token in self.tokenizer.eos_ids and not request.ignore_eos:
-            seq.ending = "stop"
-            return
-        seq.generated.append(token)
-        seq.unsent += 1
-        if len(seq.generated) >= request.max_tokens:
-            seq.ending = "length"
-        else:
+        before = len(seq.generated)
+        seq.ending = take_token(token, seq.generated, self.tokenizer.eos_ids, request.ignore_eos, request.max_tokens)
+        seq.unsent += len(seq.generated) - before  # an end-of-sequence token has no text
+        if seq.ending is None:
             seq.pending = token
 
     def _send_taken_texts(self) -> None:
