@@ -247,7 +247,7 @@ class LlamaModel:
         until ``.result()``, which waits and returns what ``decode`` does. The next step reuses this one's
         buffers, so queueing it (or a prefill) first reads this step's rows.
 
-        One new token per sequence: token b goes to ``slots[b]`` at ``positions[b]``. Returns the (B, vocab)
+        One new token per sequence: token b goes to ``slots[b]`` at ``positions[b]``. The rows are the (B, vocab)
         logits; with ``argmax`` the (B,) int32 index of each row's largest logit (first on ties); with
         ``sampling`` ((B, ENGINE_ROW) int32 rows of Sampler.engine_row) the (B,) ids the ``sample`` op draws. Both are
         picked on the device when the backend implements that op, else on the host from the logits.
