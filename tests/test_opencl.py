@@ -388,7 +388,7 @@ def test_without_fused_tails_the_ops_use_separate_launches(registry, monkeypatch
 
 
 @pytest.mark.slow
-def test_scheduler_overlapping_output_with_queued_steps_gives_generates_completions(registry):
+def test_scheduler_with_queued_steps_and_overlapped_output_matches_generation(registry):
     """On OpenCL a queued decode step runs while the scheduler handles the previous step's text (the server's
     default on GPUs): four requests in mixed and decode steps get what Generation gives, overlap on and off."""
     model = perfx_core.load(backend="opencl", context_length=256, n_slots=4)

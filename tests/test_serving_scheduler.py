@@ -171,7 +171,7 @@ def test_fast_sampler_draws_the_tempered_softmax_and_repeats_with_a_seed():
 
 
 @pytest.mark.parametrize("mixed", [False, True])
-def test_overlapped_output_gives_generates_completions_on_the_real_model(smollm2, mixed):
+def test_overlapped_output_matches_generation_on_the_real_model(smollm2, mixed):
     """With overlap_output a stop string is found one step late (scheduler_check.py): the completions of four
     requests decoded together stay Generation's, with the overlap on and off."""
     check_overlapped_output(smollm2, mixed)
