@@ -566,6 +566,43 @@ def test_matrix_unit_kernel_matches_float(registry, monkeypatch, matrix_units, n
         ops.mma_overrides.cache_clear()
 
 
+@pytest.mark.parametrize("n", [3, 16, 17])
+def test_linear_add_rmsnorm_on_matrix_units_is_one_launch(registry, monkeypatch, matrix_units, n):
+    """Up to MMA_ADD_NORM_N (16) tokens the mma kernel adds the residual and norms it itself (add_norm_tail.cl):
+    the reference's residual and normed rows, twice in a row (its counters are set back to zero for the next
+    launch), without an add_rmsnorm kernel; beyond 16, or with PERFX_OPENCL_NORM_FINISHERS=0, the two launches."""
+    from perfx_opencl import ops
+
+    from perfx_core import reference
+    from perfx_core.synthetic import random_int4
+
+    rng = np.random.default_rng(n)
+    m, k, eps = 72, 256, 1e-5  # 72 rows: a partial row tile
+    weight = random_int4(m, k, 32, rng)
+    norm_weight = (1.0 + 0.3 * rng.standard_normal(m)).astype(np.float32)
+    for finishers_cap in (None, "0"):
+        if finishers_cap is not None:
+            monkeypatch.setenv("PERFX_OPENCL_NORM_FINISHERS", finishers_cap)
+        ops._norm_finishers_cap.cache_clear()
+        rt = registry.open_runtime("opencl")
+        try:
+            w, residual = rt.prepare_weight(weight), rng.standard_normal((n, m)).astype(np.float32)
+            residual_buffer, out = rt.from_numpy(residual), rt.empty((n, m))
+            for _ in range(2):
+                x = rng.standard_normal((n, k)).astype(np.float32)
+                ops.linear_add_rmsnorm(rt, rt.from_numpy(x), w, residual_buffer, rt.from_numpy(norm_weight), eps, out)
+                residual, normed = reference.linear_add_rmsnorm(x, weight, residual, norm_weight, eps)
+                np.testing.assert_allclose(rt.to_numpy(residual_buffer), residual, rtol=1e-3, atol=1e-3)
+                np.testing.assert_allclose(rt.to_numpy(out), normed, rtol=1e-3, atol=1e-3)
+            built = {(key[1], dict(key[2]).get("ADD_NORM")) for key in rt._kernels}
+            fused = finishers_cap is None and n <= ops.MMA_ADD_NORM_N
+            assert (("int4_mma", True) in built) == fused
+            assert (("add_rmsnorm", None) in built) == (not fused)
+        finally:
+            rt.close()
+            ops._norm_finishers_cap.cache_clear()
+
+
 def test_matrix_unit_shape_loads_chunks_ahead_within_a_group(registry, monkeypatch):
     """The mma shape rule's UC (chunks loaded ahead): 4 where a warp holds two row tiles of sums and one, three or
     four token tiles, 1 with two token tiles or four row tiles, never more than a group's chunks, an override capped

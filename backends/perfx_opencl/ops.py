@@ -19,7 +19,7 @@ from perfx_core.ops import PRIMITIVE_OPS, generic_gate_up_silu, generic_linear_a
 
 from . import tuning
 
-# Fused composites, for int4 weights and n <= SMALL_N (else the generic compositions).
+# Fused composites, for int4 weights and the token counts their kernels take (else the generic compositions).
 OPS = PRIMITIVE_OPS + ("gate_up_silu", "linear_add_rmsnorm", "argmax", "sample")
 
 SMALL_N = 16  # up to this many tokens an int4 matmul uses the GEMV kernel, which reads W once for all of them
@@ -40,6 +40,13 @@ MMA_MIN_N = 2
 # was the best of 1, 2 and 4 as well (12288x4096 and 4096x11008, 128-column groups).
 MMA_UC = 4
 MMA_WARPS_PER_CU = ((16, 16), (64, 8), (None, 30))  # (up to n tokens, warps per compute unit wanted)
+# linear_add_rmsnorm of up to this many tokens on the matrix units finishes in the matmul's launch
+# (kernels/add_norm_tail.cl): batched decode steps, where the separate add_rmsnorm launch cost more than its
+# work (~10 us of device time per launch on the H200, 64 launches per step for a 7B). H200, GGUF Q4_0 7B, a
+# batch-16 step: 4.93 vs 5.28 ms of device time. Not beyond 16: with three or four token tiles the build with
+# the tail got fewer registers (90 vs 104 at four) and a slower matmul, and a 32-row mixed step took 7.35-7.40
+# vs 6.83 ms (docs/opencl.md, session 8).
+MMA_ADD_NORM_N = 16
 DENSE_SMALL_N = 4  # the dense GEMV re-reads W per token, so it only pays for very small batches
 # The GEMV's shape (docs/opencl.md): RW row lanes x KS k-splits, CR columns per thread, UC chunks in flight,
 # XS shared chunk sums, QX quantized activations with integer dot products (on by default where native).
@@ -241,7 +248,7 @@ def _gemv_plan(
 
 def _int4_gemv(rt, x, w, out, n, silu=False, epilogue=()):
     """GEMV for n <= SMALL_N tokens, W read once for all of them; with ``silu`` W is [W_gate; W_up]; a
-    non-empty ``epilogue`` (residual, norm weight, normed, eps, counter) adds the add_rmsnorm tail."""
+    non-empty ``epilogue`` (residual, norm weight, normed, eps, counter, finishers) adds the add_rmsnorm tail."""
     k = w.shape[1]
     rows = w.shape[0] // 2 if silu else w.shape[0]
     nt = 1 << max(0, (n - 1).bit_length())  # tokens per pass: n rounded up to a power of two
@@ -356,25 +363,31 @@ def _mma_local_bytes(kw: int, row_tiles: int, nt8: int, emulated: bool) -> int:
     return 4 * ((kw - 1) * row_tiles * nt8 * 4 * 32 + (kw * (256 + 128) if emulated else 0))
 
 
-def _mma_plan(rt, silu: bool, n: int, rows: int, k: int, group_size: int, unaligned: bool) -> tuple[Any, tuple, tuple]:
+def _mma_plan(
+    rt, silu: bool, n: int, rows: int, k: int, group_size: int, unaligned: bool, add_norm: bool = False
+) -> tuple[Any, tuple, tuple]:
     """(kernel, global size, local size) of an mma launch, worked out once per shape and kept on the runtime
     with the GEMV's plans (clear_plans forgets both)."""
     plans = rt.__dict__.setdefault("_gemv_plans", {})
-    key = ("mma", silu, n, rows, k, group_size, unaligned)
+    key = ("mma", silu, n, rows, k, group_size, unaligned, add_norm)
     plan = plans.get(key)
     if plan is None:
         config = _mma_config(rt, n, rows, k, group_size, silu)
-        kernel = rt.kernel("int4_mma", "int4_mma", SILU=silu, X_UNALIGNED=unaligned, **config)
+        kernel = rt.kernel("int4_mma", "int4_mma", SILU=silu, X_UNALIGNED=unaligned, ADD_NORM=add_norm, **config)
         global_size = (-(-rows // (16 * config["MT"])) * 32 * config["KW"], -(-n // (8 * config["NT8"])))
         plan = plans[key] = (kernel, global_size, (32 * config["KW"], 1))
     return plan
 
 
-def _int4_mma(rt, x, w, out, silu=False):
-    """out = x @ W.T (``silu``: silu(x @ W_gate.T) * (x @ W_up.T)) on the matrix units, any number of tokens."""
+def _int4_mma(rt, x, w, out, silu=False, epilogue=()):
+    """out = x @ W.T (``silu``: silu(x @ W_gate.T) * (x @ W_up.T)) on the matrix units, any number of tokens; a
+    non-empty ``epilogue`` (residual, norm weight, normed, eps, counter) adds the add_rmsnorm tail."""
     n, rows = out.shape
     k = w.shape[1]
-    kernel, global_size, local_size = _mma_plan(rt, silu, n, rows, k, w.group_size, x.offset % 4 != 0)
+    kernel, global_size, local_size = _mma_plan(rt, silu, n, rows, k, w.group_size, x.offset % 4 != 0, bool(epilogue))
+    if epilogue:
+        groups = global_size[0] // local_size[0] * global_size[1]
+        epilogue = (*epilogue, _tail_finishers(rt, n, groups))
     rt.launch(
         kernel,
         global_size,
@@ -385,7 +398,32 @@ def _int4_mma(rt, x, w, out, silu=False):
         n,
         rows,
         k,
+        *epilogue,
     )
+
+
+def _tail_finishers(rt, n: int, groups: int) -> int:
+    """Work-groups that do the add + RMSNorm tail of a launch of ``groups`` (kernels/add_norm_tail.cl): one per
+    token where a launch's work-groups run side by side (NVIDIA), so a finisher may wait for the others, at most
+    half the compute units (the ones waited for always have room to run); else the last work-group alone.
+    PERFX_OPENCL_NORM_FINISHERS=N caps it (experiments)."""
+    cap = _norm_finishers_cap()
+    if not rt.concurrent_groups:
+        return 1
+    wanted = min(n, groups, rt.device.details.get("compute_units", 1) // 2)
+    return max(1, wanted if cap is None else min(wanted, cap))
+
+
+@functools.lru_cache(maxsize=1)
+def _norm_finishers_cap() -> int | None:
+    """PERFX_OPENCL_NORM_FINISHERS: at most this many finishers; 0 turns the matrix units' tail off (the
+    separate add_rmsnorm launch, as before it existed). Read once."""
+    value = os.environ.get("PERFX_OPENCL_NORM_FINISHERS")
+    if value is None:
+        return None
+    if not value.isdigit():
+        raise InvalidArgumentError(f"PERFX_OPENCL_NORM_FINISHERS must be a whole number; got {value!r}")
+    return int(value)
 
 
 def int4_gemm(rt, x, w, out):
@@ -436,12 +474,23 @@ def gate_up_silu(rt, x, w_gate_up, out):
 
 
 def linear_add_rmsnorm(rt, x, w, residual, weight, eps, out):
+    """One launch where the matmul kernel can finish the job (kernels/add_norm_tail.cl): the GEMV up to SMALL_N
+    tokens, the matrix units up to MMA_ADD_NORM_N; else the matmul, then add_rmsnorm."""
     n = out.shape[0]
-    if w.kind != "int4" or n > SMALL_N or not rt.fused_tails or on_matrix_units(rt, n):
+    mma = on_matrix_units(rt, n)
+    if mma:
+        fused = n <= MMA_ADD_NORM_N and _norm_finishers_cap() != 0
+    else:
+        fused = n <= SMALL_N
+    if w.kind != "int4" or not rt.fused_tails or not fused:
         generic_linear_add_rmsnorm(rt, x, w, residual, weight, eps, out)
         return
     delta = rt.scratch("linear_add_rmsnorm", out.shape)
-    _int4_gemv(rt, x, w, delta, n, epilogue=(residual, weight, out, float(eps), rt.zeroed_ints("gemv_counter", 1)))
+    epilogue = (residual, weight, out, float(eps), rt.zeroed_ints("add_norm_counter", 2))
+    if mma:
+        _int4_mma(rt, x, w, delta, epilogue=epilogue)
+    else:
+        _int4_gemv(rt, x, w, delta, n, epilogue=(*epilogue, 1))
 
 
 def rmsnorm(rt, x, weight, eps, out):

@@ -24,6 +24,8 @@ from perfx_core.errors import BackendError, BackendUnavailableError, InvalidArgu
 from perfx_core.weights import DenseWeight, Int4Weight, Weight
 
 KERNEL_DIR = Path(__file__).parent / "kernels"
+# Prepended to every kernel file: the device-wide fence, then the add + RMSNorm tail of the matmul kernels.
+KERNEL_PRELUDE = ("device_fence.cl", "add_norm_tail.cl")
 
 
 class KernelBuildError(BackendError):
@@ -495,9 +497,17 @@ class OpenCLRuntime(Runtime):
         pocl_cpu = "portable computing language" in self.cl_device.platform.name.lower() and self.device.kind == "cpu"
         return bool(self._nv_membar) or pocl_cpu
 
+    @functools.cached_property
+    def concurrent_groups(self) -> bool:
+        """Whether a launch's work-groups run side by side up to the device's capacity, so that a few of them may
+        wait for the rest (the add + RMSNorm tail's finishers, kernels/add_norm_tail.cl). OpenCL does not promise
+        it; NVIDIA GPUs do it. Not PoCL: its CPU threads run work-groups a few at a time, and a waiting one could
+        hold the thread that the one it waits for needs."""
+        return bool(self._nv_membar) and self.device.kind == "gpu"
+
     def program(self, file: str, options: tuple[str, ...]) -> Any:
-        """Kernel file ``file`` behind kernels/device_fence.cl (text, not an #include: no include path to set)."""
-        source = (KERNEL_DIR / "device_fence.cl").read_text() + (KERNEL_DIR / f"{file}.cl").read_text()
+        """Kernel file ``file`` behind the shared pieces (text, not #includes: no include path to set)."""
+        source = "".join((KERNEL_DIR / name).read_text() for name in (*KERNEL_PRELUDE, f"{file}.cl"))
         return self.build(source, options, label=f"{file}.cl")
 
     def build(self, source: str, options: tuple[str, ...] = (), label: str = "program") -> Any:

@@ -1,5 +1,5 @@
 // Prepended to every kernel file (runtime.py program). DEVICE_FENCE(): a device-wide memory fence for the
-// last-work-group-finishes patterns (int4.cl's ADD_NORM tail, attention.cl's merge). OpenCL 1.2's
+// last-work-group-finishes patterns (add_norm_tail.cl, attention.cl's merge). OpenCL 1.2's
 // mem_fence only orders one work-item's own accesses (NVIDIA compiles it to a CTA-scope membar), so on NVIDIA the runtime
 // builds with -DNV_MEMBAR_GL=1 or 2 (the inline-PTX form its compiler took) for a device-scope fence;
 // PoCL's CPU threads are coherent. Other devices do not run these kernels (ops.py uses separate launches).

@@ -36,22 +36,15 @@ __kernel __attribute__((reqd_work_group_size(NORM_WG, 1, 1))) void rmsnorm(
     for (int c = lid; c < d; c += NORM_WG) out[out_off + base + c] = x[x_off + base + c] * inv * weight[w_off + c];
 }
 
-// residual += x (in place), then out = rmsnorm(residual). Each thread rereads only elements it wrote itself.
+// residual += x (in place), then out = rmsnorm(residual): one row per work-group (add_norm_tail.cl's
+// add_rmsnorm_token, whose loads come in blocks: a load-add-store loop waited a memory round trip per element).
 __kernel __attribute__((reqd_work_group_size(NORM_WG, 1, 1))) void add_rmsnorm(
     __global const float* x, int x_off, __global float* residual, int r_off, __global const float* weight,
     int w_off, __global float* out, int out_off, int d, float eps) {
     __local float scratch[NORM_WG];
-    const int lid = get_local_id(0);
-    const int base = get_group_id(0) * d;
-    float sq = 0.0f;
-    for (int c = lid; c < d; c += NORM_WG) {
-        const float v = residual[r_off + base + c] + x[x_off + base + c];
-        residual[r_off + base + c] = v;
-        sq += v * v;
-    }
-    const float inv = 1.0f / sqrt(sum_over_group(scratch, sq, NORM_WG) / (float)d + eps);
-    for (int c = lid; c < d; c += NORM_WG)
-        out[out_off + base + c] = residual[r_off + base + c] * inv * weight[w_off + c];
+    const size_t base = (size_t)get_group_id(0) * d;
+    add_rmsnorm_token(x + x_off + base, residual + r_off + base, weight + w_off, out + out_off + base, d, eps, scratch,
+                      get_local_id(0), NORM_WG);
 }
 
 // out (n, f) = silu(gate_up[:, :f]) * gate_up[:, f:]; g / (1 + exp(-g)) is finite for any g (exp -> inf

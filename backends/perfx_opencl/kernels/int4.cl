@@ -184,48 +184,11 @@ inline int chunk_idot(uint4 lo, uint4 hi, __local const uint4* xq) {
 #define SLOT_ROW(row0, r, half) SLOT_COL(row0, r)
 #endif
 
-#ifdef ADD_NORM
-#define EPILOGUE_ARGS                                                                                       \
-    , __global float *residual, int residual_off, __global const float *norm_w, int norm_w_off,            \
-        __global float *normed, int normed_off, float eps, __global int *counter, int counter_off
-#else
-#define EPILOGUE_ARGS
-#endif
-
-#ifdef ADD_NORM
-// residual (n, d) += delta; normed = rmsnorm(residual) * norm_w, by all `size` threads of one work-group.
-// delta is read through a volatile pointer: other work-groups wrote it, past this one's L1 cache.
-inline void add_rmsnorm_rows(volatile __global const float* delta, __global float* residual,
-                             __global const float* norm_w, __global float* normed, int n, int d, float eps,
-                             __local float* scratch, int tid, int size) {
-    for (int t = 0; t < n; ++t) {
-        float sq = 0.0f;
-        for (int c = tid; c < d; c += size) {
-            const float v = residual[t * d + c] + delta[t * d + c];
-            residual[t * d + c] = v;
-            sq += v * v;
-        }
-        scratch[tid] = sq;
-        barrier(CLK_LOCAL_MEM_FENCE);
-        int width = 1;
-        while (width < size) width <<= 1;
-        for (int stride = width / 2; stride > 0; stride >>= 1) {
-            if (tid < stride && tid + stride < size) scratch[tid] += scratch[tid + stride];
-            barrier(CLK_LOCAL_MEM_FENCE);
-        }
-        const float inv = 1.0f / sqrt(scratch[0] / (float)d + eps);
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (int c = tid; c < d; c += size) normed[t * d + c] = residual[t * d + c] * inv * norm_w[c];
-    }
-}
-#endif
-
 // out (n, cols) = x (n, k) @ W.T for n <= NT; with -DSILU, W = [W_gate; W_up] (2 cols, k) and
-// out = silu(x @ W_gate.T) * (x @ W_up.T). With -DADD_NORM (linear_add_rmsnorm) the last work-group to
-// finish also does residual += out; normed = rmsnorm(residual) * norm_w, saving the add_rmsnorm launch
-// (a counter at `counter`, zero before the launch and set back to zero by that work-group). Each work-group covers RW * CR output columns,
-// thread (lr, split) takes column slots lr + r*RW and the chunks split, split + KS, ...; the KS partial sums
-// meet in local memory. Global size (ceil(cols / cols per work-group) * RW, KS), local (RW, KS).
+// out = silu(x @ W_gate.T) * (x @ W_up.T). With -DADD_NORM (linear_add_rmsnorm) the kernel also does
+// residual += out; normed = rmsnorm(residual) * norm_w (add_norm_tail.cl). Each work-group covers RW * CR
+// output columns, thread (lr, split) takes column slots lr + r*RW and the chunks split, split + KS, ...; the KS
+// partial sums meet in local memory. Global size (ceil(cols / cols per work-group) * RW, KS), local (RW, KS).
 __kernel __attribute__((reqd_work_group_size(RW, KS, 1))) void int4_gemv(
     __global const uint4* packed, __global const half* scale, __global const float* bias, X_ARG, int x_off,
     __global float* out, int out_off, int n, int cols, int k, int group_shift EPILOGUE_ARGS) {
@@ -369,17 +332,9 @@ __kernel __attribute__((reqd_work_group_size(RW, KS, 1))) void int4_gemv(
         out[out_off + (size_t)t * cols + col] = total;
     }
 #ifdef ADD_NORM
-    __local int last;
-    DEVICE_FENCE();  // this work-item's outputs reach memory before the group is counted
-    barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
-    const int tid = split * RW + lr;
-    if (tid == 0) last = atomic_inc(counter + counter_off) == (int)get_num_groups(0) - 1;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (!last) return;
-    DEVICE_FENCE();
-    add_rmsnorm_rows(out + out_off, residual + residual_off, norm_w + norm_w_off, normed + normed_off, n, cols, eps,
-                     &partial[0][0][0], tid, RW * KS);
-    if (tid == 0) counter[counter_off] = 0;
+    __local int ticket;
+    add_norm_tail(out + out_off, residual + residual_off, norm_w + norm_w_off, normed + normed_off, n, cols, eps,
+                  counter + counter_off, finishers, &partial[0][0][0], &ticket, split * RW + lr, RW * KS);
 #endif
 }
 

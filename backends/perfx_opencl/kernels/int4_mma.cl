@@ -27,6 +27,7 @@
 // of KW equal runs of chunks (the host keeps KW a divisor of k / 32), summed through local memory at the end.
 // Global size (ceil(rows / (16 * MT)) * 32 * KW, ceil(n / (8 * NT8))), local (32 * KW, 1).
 // SILU: W is [W_gate; W_up] (2 * rows rows) and out = silu(x @ W_gate.T) * (x @ W_up.T).
+// ADD_NORM (not with SILU): linear_add_rmsnorm's residual add and RMSNorm after the matmul (add_norm_tail.cl).
 
 #ifndef MT
 #define MT 2  // 16-row weight tiles per warp
@@ -45,6 +46,9 @@
 #endif
 #if GROUP_CHUNKS % UC
 #error "UC must divide GROUP_CHUNKS: a run of UC chunks (starting at a multiple of UC) then has one group"
+#endif
+#if defined(SILU) && defined(ADD_NORM)
+#error "ADD_NORM takes a plain matmul"
 #endif
 #ifdef SILU
 #define RT (2 * MT)  // accumulated row tiles: the gate tiles, then the matching up tiles
@@ -180,7 +184,7 @@ inline void multiply_chunk(float acc[RT][NT8][4], const uint w[RT][2], const uin
 
 __kernel __attribute__((reqd_work_group_size(32 * KW, 1, 1))) void int4_mma(
     __global const uint* packed, __global const ushort* scale, __global const float* bias, __global const float* x,
-    int x_off, __global float* out, int out_off, int n, int rows, int k) {
+    int x_off, __global float* out, int out_off, int n, int rows, int k EPILOGUE_ARGS) {
 #ifndef NV_MMA
     __local float mma_scratch[KW][256 + 128];
 #endif
@@ -256,30 +260,40 @@ __kernel __attribute__((reqd_work_group_size(32 * KW, 1, 1))) void int4_mma(
 #pragma unroll
                 for (int e = 0; e < 4; ++e) partial[warp - 1][(i * NT8 + j) * 4 + e][lane] = acc[i][j][e];
     barrier(CLK_LOCAL_MEM_FENCE);
+#ifndef ADD_NORM
     if (warp > 0) return;
-    for (int v = 0; v < KW - 1; ++v)
+#endif
+    if (warp == 0)
+        for (int v = 0; v < KW - 1; ++v)
 #pragma unroll
-        for (int i = 0; i < RT; ++i)
+            for (int i = 0; i < RT; ++i)
+#pragma unroll
+                for (int j = 0; j < NT8; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[i][j][e] += partial[v][(i * NT8 + j) * 4 + e][lane];
+#endif
+    // Output e of tile (i, j): row 16i + g (+8 for e >= 2), token 8j + 2t (+1 for odd e).
+    if (warp == 0)  // (with ADD_NORM the other warps are still here, for the tail)
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
 #pragma unroll
             for (int j = 0; j < NT8; ++j)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) acc[i][j][e] += partial[v][(i * NT8 + j) * 4 + e][lane];
-#endif
-    // Output e of tile (i, j): row 16i + g (+8 for e >= 2), token 8j + 2t (+1 for odd e).
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int j = 0; j < NT8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int row = row0 + 16 * i + g + 8 * (e >> 1), token = token0 + 8 * j + 2 * t + (e & 1);
-                if (row >= rows || token >= n) continue;
+                for (int e = 0; e < 4; ++e) {
+                    const int row = row0 + 16 * i + g + 8 * (e >> 1), token = token0 + 8 * j + 2 * t + (e & 1);
+                    if (row >= rows || token >= n) continue;
 #ifdef SILU
-                const float gate = acc[i][j][e];
-                const float v = gate / (1.0f + exp(-gate)) * acc[MT + i][j][e];
+                    const float gate = acc[i][j][e];
+                    const float v = gate / (1.0f + exp(-gate)) * acc[MT + i][j][e];
 #else
-                const float v = acc[i][j][e];
+                    const float v = acc[i][j][e];
 #endif
-                out[out_off + (size_t)token * rows + row] = v;
-            }
+                    out[out_off + (size_t)token * rows + row] = v;
+                }
+#ifdef ADD_NORM
+    __local float norm_scratch[32 * KW];
+    __local int ticket;
+    add_norm_tail(out + out_off, residual + residual_off, norm_w + norm_w_off, normed + normed_off, n, rows, eps,
+                  counter + counter_off, finishers, norm_scratch, &ticket, get_local_id(0), 32 * KW);
+#endif
 }
