@@ -657,6 +657,7 @@ def _cases(op: str) -> list[tuple[str, float, Body]]:
             # tiled kernels: several row blocks and key tiles, a partial last block, odd and wide heads
             _attention_case(op, (4, 2, 96), "float16", [1], [20], t_len=37),
             _attention_case(op, (2, 1, 256), "float32", [0], [5], t_len=19),
+            _attention_case(op, (4, 2, 20), "float16", [1], [9], t_len=21),  # half a head is not whole float4s
         ]
     raise InvalidArgumentError(f"no conformance cases for op {op!r}")
 

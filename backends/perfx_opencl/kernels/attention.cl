@@ -1,6 +1,8 @@
 // Attention over the KV cache, layout (layer, slot, kv_head, position, head_dim); float32, or float16 with
-// -DCACHE_HALF (vload_half / vstore_half: no cl_khr_fp16 needed). Both ops run as two launches:
-// store_kv writes RoPE'd k and raw v of every new row, then attention reads the cache as stored.
+// -DCACHE_HALF (vload_half / vstore_half: no cl_khr_fp16 needed). The general path is two launches: store_kv
+// writes RoPE'd k and raw v of every new row, then attention reads the cache as stored. Where head_dim is a
+// multiple of 4, prefill (attention_prefill) and decode (attention_decode_fused) each take one launch that also
+// stores the new rows.
 // A "row" is one new token: decode has one per sequence, prefill T of one sequence; rows[r] = (slot, pos).
 
 #ifdef CACHE_HALF
@@ -9,12 +11,14 @@
 #define LOAD_C4(i, p) vload_half4(0, (p) + (i))
 #define LOAD_C4A(i, p) vloada_half4((i) >> 2, (p))  // i a multiple of 4: one aligned 8-byte load
 #define STORE_C(v, i, p) vstore_half((v), (i), (p))
+#define STORE_C4(v, i, p) vstore_half4((v), 0, (p) + (i))
 #else
 #define CACHE_T float
 #define LOAD_C(i, p) ((p)[i])
 #define LOAD_C4(i, p) vload4(0, (p) + (i))
 #define LOAD_C4A(i, p) (*(__global const float4*)((p) + (i)))  // i a multiple of 4: one aligned 16-byte load
 #define STORE_C(v, i, p) ((p)[i] = (v))
+#define STORE_C4(v, i, p) vstore4((v), 0, (p) + (i))
 #endif
 
 #define ATT_WG 128
@@ -146,29 +150,60 @@ __kernel void attention_merge(__global const float* partial, int partial_off, in
 }
 
 // -- prefill, tiled ---------------------------------------------------------------------------------------
-// attention_prefill: causal attention of T new rows of ONE sequence (slots[0], rows at positions[r]) over the
-// cache, after store_kv. A work-group takes QB consecutive query rows of one head and walks the key positions
-// in tiles of KB: each tile of K and V is read from the cache once into local memory and used by all QB rows
-// (the per-row kernel above reads every key once per row: at 512 tokens that was 78 of the prefill's 124 ms
-// on the H200). Online softmax per row (running max and sum, rescaled per tile), so one pass suffices.
+// attention_prefill: causal attention of T new rows of ONE sequence (slots[0], rows at consecutive positions
+// from positions[0]) over the cache and themselves; with stores_rows it also stores their k and v (else
+// store_kv did, and every key comes from the cache: cheaper for long prompts, see ops.py). A
+// work-group takes QB consecutive query rows of one head and walks the key positions in tiles of KB: each tile
+// of K and V is read once into local memory and used by all QB rows (the per-row kernel above reads every key
+// once per row: at 512 tokens that was 78 of the prefill's 124 ms on the H200). Keys before the rows come from
+// the cache, the rows' own from qkv (k RoPE'd here), so no work-group reads what another writes; the
+// work-groups of the first query head of each kv head write their own rows' k and v to the cache while loading
+// them into a tile. (A store_kv launch took ~0.18 ms of a 7B mixed step on the H200; a loop storing the rows
+// before the tiles cost the kernel as much.) Online softmax per row (running max and sum, rescaled per tile),
+// so one pass suffices.
 // Built with -DHD=<head_dim> (a multiple of 4), -DQB, -DKB; the slot and positions come from the uploaded
 // index buffers, so a recorded launch replays for any prompt of the same length.
 // Global size (ATT_WG * n_heads, ceil(T / QB)), local (ATT_WG, 1).
 #if defined(HD) && defined(QB) && defined(KB)
 #define DPT ((HD + ATT_WG - 1) / ATT_WG)  // output dims per thread: d = lid + u * ATT_WG
+
+// Dims i..i+3 of a new row's k (x: its k in qkv) RoPE'd at the position of cos/sin, as store_kv does: dim d
+// pairs with d + HD/2 (first half: x1 c - x2 s) or d - HD/2 (second half: x2 c + x1 s).
+inline float4 rope_k4(__global const float* x, __global const float* cos_p, __global const float* sin_p, int i) {
+#if HD % 8 == 0  // half a head is whole float4s: one side of the pairing for all four dims
+    const int p = i < HD / 2 ? i : i - HD / 2;
+    const float4 x1 = vload4(0, x + p), x2 = vload4(0, x + p + HD / 2);
+    const float4 c = vload4(0, cos_p + p), s = vload4(0, sin_p + p);
+    return i < HD / 2 ? x1 * c - x2 * s : x2 * c + x1 * s;
+#else
+    float k[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+        const int d = i + u, p = d < HD / 2 ? d : d - HD / 2;
+        const float x1 = x[p], x2 = x[p + HD / 2];
+        k[u] = d < HD / 2 ? x1 * cos_p[p] - x2 * sin_p[p] : x2 * cos_p[p] + x1 * sin_p[p];
+    }
+    return (float4)(k[0], k[1], k[2], k[3]);
+#endif
+}
+
 __kernel __attribute__((reqd_work_group_size(ATT_WG, 1, 1))) void attention_prefill(
     __global const float* qkv, int qkv_off, __global const int* slots, __global const int* positions,
     __global const float* cos_t, int cos_off, __global const float* sin_t, int sin_off,
-    __global const CACHE_T* k_cache, __global const CACHE_T* v_cache, int layer, int n_slots, int n_kv, int max_seq,
-    int rows, int n_heads, int qkv_dim, __global float* out, int out_off, float score_scale) {
+    __global CACHE_T* k_cache, __global CACHE_T* v_cache, int layer, int n_slots, int n_kv, int max_seq, int rows,
+    int n_heads, int qkv_dim, __global float* out, int out_off, float score_scale, int stores_rows) {
     __local float qs[QB][HD + 1];  // +1: rows in different banks while scoring
     __local float ks[KB][HD + 1];
     __local float vs[KB][HD];
     __local float ps[QB][KB + 1];
     __local float row_scale[QB];  // e^(old max - new max) of each row for this tile
     const int lid = get_local_id(0), h = get_group_id(0), r0 = get_group_id(1) * QB;
-    const int kv_head = h / (n_heads / n_kv), half_d = HD / 2;
+    // The first position read from qkv rather than the cache: none when store_kv stored the rows beforehand.
+    const int kv_head = h / (n_heads / n_kv), half_d = HD / 2, start = stores_rows ? positions[0] : INT_MAX;
     const int n_rows = min(QB, rows - r0), last = positions[r0 + n_rows - 1];  // the block's last query position
+    const int k_col = qkv_off + n_heads * HD + kv_head * HD, v_col = k_col + n_kv * HD;  // in a row of qkv
+    const size_t base = cache_index(layer, slots[0], kv_head, 0, n_slots, n_kv, max_seq, HD);
+    const bool writer = h % (n_heads / n_kv) == 0;  // stores this block's rows for its kv head
     // q of the block's rows, RoPE'd and pre-scaled; rows past the end are zero.
     for (int e = lid; e < QB * half_d; e += ATT_WG) {
         const int r = e / half_d, i = e % half_d;
@@ -187,15 +222,22 @@ __kernel __attribute__((reqd_work_group_size(ATT_WG, 1, 1))) void attention_pref
     for (int r = 0; r < QB; ++r)
 #pragma unroll
         for (int u = 0; u < DPT; ++u) acc[r][u] = 0.0f;
-    const size_t base = cache_index(layer, slots[0], kv_head, 0, n_slots, n_kv, max_seq, HD);
     for (int first = 0; first <= last; first += KB) {
         barrier(CLK_LOCAL_MEM_FENCE);  // the previous tile's ks, vs and ps are no longer read
         for (int e = lid; e < KB * HD / 4; e += ATT_WG) {
-            const int j = e / (HD / 4), i = 4 * (e % (HD / 4));
-            float4 kv = (float4)(0.0f), vv = (float4)(0.0f);  // positions past the block's last: never written
-            if (first + j <= last) {
-                const size_t at = base + (size_t)(first + j) * HD + i;
+            const int j = e / (HD / 4), i = 4 * (e % (HD / 4)), pos = first + j;
+            float4 kv = (float4)(0.0f), vv = (float4)(0.0f);  // positions past the block's last: not scored
+            if (pos < start) {
+                const size_t at = base + (size_t)pos * HD + i;
                 kv = LOAD_C4A(at, k_cache), vv = LOAD_C4A(at, v_cache);
+            } else if (pos <= last) {  // one of the new rows
+                const int row = (pos - start) * qkv_dim;
+                vv = vload4(0, qkv + row + v_col + i);
+                kv = rope_k4(qkv + row + k_col, cos_t + cos_off + pos * half_d, sin_t + sin_off + pos * half_d, i);
+                if (writer && pos >= positions[r0]) {  // this block's own row: into the cache
+                    STORE_C4(kv, base + (size_t)pos * HD + i, k_cache);
+                    STORE_C4(vv, base + (size_t)pos * HD + i, v_cache);
+                }
             }
             ks[j][i] = kv.x, ks[j][i + 1] = kv.y, ks[j][i + 2] = kv.z, ks[j][i + 3] = kv.w;
             vstore4(vv, 0, &vs[j][i]);
