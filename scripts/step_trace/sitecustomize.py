@@ -9,8 +9,12 @@ runs the hooks below when PERFX_TRACE_STEPS names a file:
 
 Each scheduler step (Scheduler._step, which runs at most one prompt chunk and one decode or mixed step) becomes
 one JSON line: the rows running, its wall time, the time inside the OpenCL runtime's graph replays (queueing
-the kernels) and read-backs (waiting for the device), the time accepting rows (sampling bookkeeping,
-detokenizing, posting events), and the gap since the previous step. With PERFX_OPENCL_PROFILE=1 it also has
+the kernels) and read-backs (waiting for the device), the time taking the rows' tokens (Scheduler._take_rows:
+sampling bookkeeping, ends) and sending text (Scheduler._send_texts: detokenizing, stop strings, posting
+events), the gap since the previous step, and when the step's text went out (``sent``: the perf_counter of the
+first _send_texts call that had text; with overlapped output that is the previous step's text, sent after
+this step was queued), from which summarize_steps.py gets the gaps between sends. With PERFX_OPENCL_PROFILE=1
+it also has
 the step's launches (steps that replay a recorded graph: not a step that records one or only prefills), the span
 from its first kernel's start to its last kernel's end, and the kernels' summed
 device time (busy) in all and per kernel name: span minus busy is the device idling inside the step. Lines are
@@ -56,12 +60,19 @@ def _install(path: str) -> None:
 
     timed(runtime.OpenCLRuntime, "replay", "replay")
     timed(runtime.OpenCLRuntime, "to_numpy", "read")
-    timed(scheduler.Scheduler, "_accept_rows", "accept")
-    original_mixed, original_step = scheduler.Scheduler._mixed_step, scheduler.Scheduler._step
+    timed(scheduler.Scheduler, "_take_rows", "take")
+    timed(scheduler.Scheduler, "_send_texts", "send")
+    original_mixed, original_step = scheduler.Scheduler._queue_mixed_step, scheduler.Scheduler._step
+    original_send = scheduler.Scheduler._send_texts
 
     def mixed_step(self, *args, **kwargs):
         step["kind"] = "mixed"
         return original_mixed(self, *args, **kwargs)
+
+    def send_texts(self):
+        if "sent" not in step and any(seq.unsent for seq in self._running):
+            step["sent"] = time.perf_counter()
+        return original_send(self)
 
     def one_step(self):
         step.clear()
@@ -70,7 +81,8 @@ def _install(path: str) -> None:
         end = time.perf_counter()
         row = {"kind": step.get("kind", "plain"), "running": running, "total": end - start}
         row["gap"] = start - last_end[0] if last_end[0] else None
-        row.update({field: step.get(field, 0.0) for field in ("replay", "read", "accept")})
+        row.update({field: step.get(field, 0.0) for field in ("replay", "read", "take", "send")})
+        row["sent"] = step.get("sent")
         if "first_event" in step:  # the device's view of the step, from the profiling events
             events = step["runtime"].kernel_events[step["first_event"] :]
             if events:
@@ -87,7 +99,8 @@ def _install(path: str) -> None:
         last_end[0] = time.perf_counter()
         return result
 
-    scheduler.Scheduler._mixed_step, scheduler.Scheduler._step = mixed_step, one_step
+    scheduler.Scheduler._queue_mixed_step, scheduler.Scheduler._step = mixed_step, one_step
+    scheduler.Scheduler._send_texts = send_texts  # (wrapping the timed wrapper)
 
     def flush() -> None:
         done = rows[:]

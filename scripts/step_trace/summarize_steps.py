@@ -1,21 +1,49 @@
 """Summarize a step trace (scripts/step_trace/sitecustomize.py): per step kind and running rows (in fours),
-the mean / p99 in ms of each part of a step, and with profiling the mean device ms per step of each kernel.
+the mean / p99 in ms of each part of a step, and with profiling the mean device ms per step of each kernel;
+then the gaps between consecutive steps' text sends (what a client sees as inter-token latency when every
+running sequence gets a token per step) by the kinds of the two steps, next to the change in replay time.
 
     python scripts/step_trace/summarize_steps.py steps.jsonl
 """
 
+import itertools
 import json
 import statistics
 import sys
 
-FIELDS = ("total", "replay", "read", "accept", "gap", "gpu_span", "gpu_busy")
+FIELDS = ("total", "replay", "read", "take", "send", "gap", "gpu_span", "gpu_busy")
+
+
+def _ms(values: list[float]) -> str:
+    """mean/p99 in ms."""
+    values = sorted(values)
+    return f"{1e3 * statistics.mean(values):.2f}/{1e3 * values[int(0.99 * (len(values) - 1))]:.2f}"
+
+
+def send_gaps(steps: list[dict]) -> None:
+    """Gaps between the text sends of consecutive steps that both sent text, by (earlier kind -> later kind),
+    with the later step's replay minus the earlier one's: with overlapped output a step's send follows its
+    replay, so a longer replay delays that send by as much."""
+    groups: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for before, after in itertools.pairwise(steps):
+        if before.get("sent") is not None and after.get("sent") is not None and after["running"] >= 12:
+            key = (before["kind"] or "plain", after["kind"] or "plain")
+            groups.setdefault(key, []).append((after["sent"] - before["sent"], after["replay"] - before["replay"]))
+    if groups:
+        print("send gaps with 12+ running (ms, mean/p99), and the change in replay time:")
+    for (first, second), pairs in sorted(groups.items()):
+        if len(pairs) >= 5:
+            gaps, deltas = [gap for gap, _ in pairs], [delta for _, delta in pairs]
+            print(f"  {first:>5} -> {second:<5} {len(pairs):>5} gaps  {_ms(gaps)}  replay change {_ms(deltas)}")
 
 
 def main() -> None:
     groups: dict[tuple[str, int], list[dict]] = {}
+    steps: list[dict] = []
     with open(sys.argv[1]) as lines:
         for line in lines:
             row = json.loads(line)
+            steps.append(row)
             if row["gap"] is not None:  # the first step after start-up waited for the first request
                 groups.setdefault((row["kind"] or "plain", min(row["running"], 16) // 4 * 4), []).append(row)
     for (kind, running), rows in sorted(groups.items()):
@@ -23,10 +51,9 @@ def main() -> None:
             continue
         parts = [f"{kind:>5} running {running:>2}+: {len(rows):>5} steps"]
         for field in FIELDS:
-            values = sorted(row[field] for row in rows if row.get(field) is not None)
+            values = [row[field] for row in rows if row.get(field) is not None]
             if values:
-                p99 = values[int(0.99 * (len(values) - 1))]
-                parts.append(f"{field} {1e3 * statistics.mean(values):.2f}/{1e3 * p99:.2f}")
+                parts.append(f"{field} {_ms(values)}")
         profiled = [row for row in rows if "launches" in row]  # steps that replayed a graph, with profiling on
         if profiled:
             parts.append(f"launches {statistics.mean(row['launches'] for row in profiled):.0f}")
@@ -40,6 +67,8 @@ def main() -> None:
                 "      "
                 + ", ".join(f"{name} {1e3 * t:.2f}" for name, t in sorted(kernels.items(), key=lambda kv: -kv[1]))
             )
+
+    send_gaps(steps)
 
 
 if __name__ == "__main__":
