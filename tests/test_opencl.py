@@ -588,19 +588,51 @@ def test_linear_add_rmsnorm_on_matrix_units_is_one_launch(registry, monkeypatch,
         try:
             w, residual = rt.prepare_weight(weight), rng.standard_normal((n, m)).astype(np.float32)
             residual_buffer, out = rt.from_numpy(residual), rt.empty((n, m))
+            fused = finishers_cap is None and n <= ops.MMA_ADD_NORM_N
             for _ in range(2):
-                x = rng.standard_normal((n, k)).astype(np.float32)
-                ops.linear_add_rmsnorm(rt, rt.from_numpy(x), w, residual_buffer, rt.from_numpy(norm_weight), eps, out)
+                x, norm = rng.standard_normal((n, k)).astype(np.float32), rt.from_numpy(norm_weight)
+                x_buffer, launches = rt.from_numpy(x), rt.launch_count
+                ops.linear_add_rmsnorm(rt, x_buffer, w, residual_buffer, norm, eps, out)
+                assert rt.launch_count - launches == (1 if fused else 2)
                 residual, normed = reference.linear_add_rmsnorm(x, weight, residual, norm_weight, eps)
                 np.testing.assert_allclose(rt.to_numpy(residual_buffer), residual, rtol=1e-3, atol=1e-3)
                 np.testing.assert_allclose(rt.to_numpy(out), normed, rtol=1e-3, atol=1e-3)
             built = {(key[1], dict(key[2]).get("ADD_NORM")) for key in rt._kernels}
-            fused = finishers_cap is None and n <= ops.MMA_ADD_NORM_N
             assert (("int4_mma", True) in built) == fused
             assert (("add_rmsnorm", None) in built) == (not fused)
         finally:
             rt.close()
             ops._norm_finishers_cap.cache_clear()
+
+
+def test_tail_finishers_rule(monkeypatch):
+    """How many work-groups finish a launch's add + RMSNorm: one per token where a launch's work-groups run side
+    by side, at most one per group and half the compute units, capped by PERFX_OPENCL_NORM_FINISHERS; else the
+    last work-group alone. A cap that is not a whole number is refused."""
+    from types import SimpleNamespace
+
+    from perfx_opencl import ops
+
+    from perfx_core.errors import InvalidArgumentError
+
+    def finishers(n: int, groups: int, concurrent: bool = True) -> int:
+        rt = SimpleNamespace(concurrent_groups=concurrent, device=SimpleNamespace(details={"compute_units": 132}))
+        return ops._tail_finishers(rt, n, groups)
+
+    try:
+        monkeypatch.delenv("PERFX_OPENCL_NORM_FINISHERS", raising=False)
+        ops._norm_finishers_cap.cache_clear()
+        assert [finishers(16, 128), finishers(16, 8), finishers(200, 1000), finishers(16, 128, False)] == [16, 8, 66, 1]
+        monkeypatch.setenv("PERFX_OPENCL_NORM_FINISHERS", "4")
+        ops._norm_finishers_cap.cache_clear()
+        assert [finishers(16, 128), finishers(2, 128), finishers(16, 128, False)] == [4, 2, 1]
+        for bad in ("x", "-1", "\u00b2"):  # the last: a superscript two, which str.isdigit accepts
+            monkeypatch.setenv("PERFX_OPENCL_NORM_FINISHERS", bad)
+            ops._norm_finishers_cap.cache_clear()
+            with pytest.raises(InvalidArgumentError, match="PERFX_OPENCL_NORM_FINISHERS"):
+                finishers(16, 128)
+    finally:
+        ops._norm_finishers_cap.cache_clear()
 
 
 def test_matrix_unit_shape_loads_chunks_ahead_within_a_group(registry, monkeypatch):

@@ -323,7 +323,9 @@ def on_matrix_units(rt, n: int) -> bool:
     return n >= MMA_MIN_N and rt.use_mma
 
 
-def _mma_config(rt, n: int, rows: int, k: int, group_size: int, silu: bool = False) -> dict[str, int]:
+def _mma_config(
+    rt, n: int, rows: int, k: int, group_size: int, silu: bool = False, add_norm: bool = False
+) -> dict[str, int]:
     """The mma kernel's shape for n tokens of a rows x k matmul (module comment above), then overrides. With
     ``silu`` each row tile comes with its up tile, so MT is halved: the same work per warp as a plain matmul
     over both halves."""
@@ -353,14 +355,17 @@ def _mma_config(rt, n: int, rows: int, k: int, group_size: int, silu: bool = Fal
         while kw < max_kw and tiles * kw < target and chunks % (2 * kw) == 0:
             kw *= 2
     emulated = not rt.native_mma
-    while chunks % kw or (kw > 1 and _mma_local_bytes(kw, row_tiles, config["NT8"], emulated) > _local_bytes(rt)):
+    local = _local_bytes(rt)
+    while chunks % kw or (kw > 1 and _mma_local_bytes(kw, row_tiles, config["NT8"], emulated, add_norm) > local):
         kw //= 2  # each warp takes an equal run of the chunks, and the warps' partial sums fit local memory
     return {**config, "KW": kw}
 
 
-def _mma_local_bytes(kw: int, row_tiles: int, nt8: int, emulated: bool) -> int:
-    """int4_mma.cl's local arrays: the partial sums of warps 1..KW-1, and the emulation's per-warp tiles."""
-    return 4 * ((kw - 1) * row_tiles * nt8 * 4 * 32 + (kw * (256 + 128) if emulated else 0))
+def _mma_local_bytes(kw: int, row_tiles: int, nt8: int, emulated: bool, add_norm: bool = False) -> int:
+    """int4_mma.cl's local arrays: the partial sums of warps 1..KW-1, the emulation's per-warp tiles, and the
+    add + RMSNorm tail's reduction scratch and ticket."""
+    tail = 32 * kw + 1 if add_norm else 0
+    return 4 * ((kw - 1) * row_tiles * nt8 * 4 * 32 + (kw * (256 + 128) if emulated else 0) + tail)
 
 
 def _mma_plan(
@@ -372,7 +377,7 @@ def _mma_plan(
     key = ("mma", silu, n, rows, k, group_size, unaligned, add_norm)
     plan = plans.get(key)
     if plan is None:
-        config = _mma_config(rt, n, rows, k, group_size, silu)
+        config = _mma_config(rt, n, rows, k, group_size, silu, add_norm)
         kernel = rt.kernel("int4_mma", "int4_mma", SILU=silu, X_UNALIGNED=unaligned, ADD_NORM=add_norm, **config)
         global_size = (-(-rows // (16 * config["MT"])) * 32 * config["KW"], -(-n // (8 * config["NT8"])))
         plan = plans[key] = (kernel, global_size, (32 * config["KW"], 1))
@@ -416,12 +421,13 @@ def _tail_finishers(rt, n: int, groups: int) -> int:
 
 @functools.lru_cache(maxsize=1)
 def _norm_finishers_cap() -> int | None:
-    """PERFX_OPENCL_NORM_FINISHERS: at most this many finishers; 0 turns the matrix units' tail off (the
-    separate add_rmsnorm launch, as before it existed). Read once."""
+    """PERFX_OPENCL_NORM_FINISHERS: at most this many finishers; 0 turns the matrix units' tail off (their
+    linear_add_rmsnorm is then the matmul and a separate add_rmsnorm launch, as before the tail; the GEMV's
+    one-finisher tail is unaffected). Read once."""
     value = os.environ.get("PERFX_OPENCL_NORM_FINISHERS")
     if value is None:
         return None
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):
         raise InvalidArgumentError(f"PERFX_OPENCL_NORM_FINISHERS must be a whole number; got {value!r}")
     return int(value)
 

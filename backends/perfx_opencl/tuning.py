@@ -24,7 +24,7 @@ from perfx_core.errors import BackendError, InvalidArgumentError
 from perfx_core.settings import cache_dir
 from perfx_core.synthetic import cold_copies, random_int4
 
-from .runtime import KERNEL_DIR
+from .runtime import KERNEL_DIR, KERNEL_PRELUDE
 
 FORMAT = 2  # 2: shapes carry QX
 SMALL_NS = (1, 2, 4, 8, 16)  # the GEMV kernel's token counts per pass (NT)
@@ -56,10 +56,11 @@ def shape_key(silu: bool, rows: int, k: int, nt: int) -> str:
 
 
 def kernel_hash() -> str:
-    """Of the GEMV kernel and of ops.py, which turns a tuned shape into launch sizes: changing either makes
-    saved shapes stale."""
+    """Of the GEMV kernel (with the shared pieces prepended to it) and of ops.py, which turns a tuned shape into
+    launch sizes: changing any makes saved shapes stale."""
     digest = hashlib.sha256()
-    for path in (KERNEL_DIR / "device_fence.cl", KERNEL_DIR / "int4.cl", Path(__file__).parent / "ops.py"):
+    kernels = [KERNEL_DIR / name for name in (*KERNEL_PRELUDE, "int4.cl")]
+    for path in (*kernels, Path(__file__).parent / "ops.py"):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 

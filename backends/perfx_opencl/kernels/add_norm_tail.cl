@@ -17,9 +17,12 @@
 // residual (d) += delta; normed = rmsnorm(residual) * norm_w for one token, by all `size` work-items of a group.
 // The loads come in blocks, all issued before the block's stores: a store may alias the next load as far as the
 // compiler knows, so a load-add-store loop waited out a memory round trip per element (on the H200 that made
-// the tail slower than the add_rmsnorm launch it replaces). Plain loads of delta, which in the tail other
-// work-groups wrote: nothing read it on this compute unit before their writes were fenced and counted (the
-// matmul only writes it), NVIDIA's L1 starts each launch empty, and PoCL's threads are coherent.
+// the tail slower than the add_rmsnorm launch it replaces). In the tail other work-groups wrote delta, and it is
+// read with plain loads: each writer fences (DEVICE_FENCE) before its atomic ticket, and a finisher reads the
+// counter that the last ticket set, then fences, before loading. That is the release/acquire pattern of PTX's
+// memory model (membar.gl is fence.sc.gpu; the volatile read and the atomics are strong), which orders plain
+// accesses too; PoCL's threads are coherent. (Before this file the GEMV's tail read delta as volatile; the
+// H200 figures above are for plain loads.)
 inline void add_rmsnorm_token(__global const float* delta, __global float* residual, __global const float* norm_w,
                               __global float* normed, int d, float eps, __local float* scratch, int tid, int size) {
     float sq = 0.0f;

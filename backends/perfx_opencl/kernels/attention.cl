@@ -1,8 +1,9 @@
 // Attention over the KV cache, layout (layer, slot, kv_head, position, head_dim); float32, or float16 with
 // -DCACHE_HALF (vload_half / vstore_half: no cl_khr_fp16 needed). The general path is two launches: store_kv
 // writes RoPE'd k and raw v of every new row, then attention reads the cache as stored. Where head_dim is a
-// multiple of 4, prefill (attention_prefill) and decode (attention_decode_fused) each take one launch that also
-// stores the new rows.
+// multiple of 4, decode (attention_decode_fused, where the runtime allows fused tails) and prefill chunks of up
+// to 32 rows (attention_prefill with stores_rows) each take one launch that also stores the new rows; with a
+// float16 cache those use the new rows' own k and v unrounded, and later steps the stored halves.
 // A "row" is one new token: decode has one per sequence, prefill T of one sequence; rows[r] = (slot, pos).
 
 #ifdef CACHE_HALF
