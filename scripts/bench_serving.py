@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
@@ -73,19 +74,20 @@ async def one_request(client: httpx.AsyncClient, url: str, i: int, max_tokens: i
     return result
 
 
-async def run_level(
-    url: str, headers: dict, concurrency: int, n_requests: int, max_tokens: int, time_limit: float
-) -> dict:
+async def run_requests(
+    url: str, headers: dict, concurrency: int, indices: list[int], max_tokens: int, deadline: float
+) -> list[RequestResult]:
+    """``concurrency`` workers send the requests ``indices`` one after another until done or past ``deadline``
+    (time.monotonic: one clock for every client process)."""
     queue: asyncio.Queue[int] = asyncio.Queue()
-    for i in range(n_requests):
+    for i in indices:
         queue.put_nowait(i)
     results: list[RequestResult] = []
-    deadline = time.perf_counter() + time_limit
     limits = httpx.Limits(max_connections=concurrency + 1)
     async with httpx.AsyncClient(headers=headers, timeout=600, limits=limits) as client:
 
         async def worker() -> None:
-            while time.perf_counter() < deadline:
+            while time.monotonic() < deadline:
                 try:
                     i = queue.get_nowait()
                 except asyncio.QueueEmpty:
@@ -95,9 +97,42 @@ async def run_level(
                 except httpx.HTTPError as exc:
                     results.append(RequestResult(ok=False, error=f"{type(exc).__name__}: {exc}"))
 
-        start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        wall = time.perf_counter() - start
+    return results
+
+
+def client_process(*args) -> list[RequestResult]:
+    return asyncio.run(run_requests(*args))
+
+
+def run_level(
+    url: str,
+    headers: dict,
+    concurrency: int,
+    n_requests: int,
+    max_tokens: int,
+    time_limit: float,
+    pool: ProcessPoolExecutor | None = None,
+    processes: int = 1,
+) -> dict:
+    """One concurrency level. With ``pool``, its streams are spread over ``processes`` client processes: one
+    Python process reading many streams timestamps each chunk only once it gets to it, which adds its own
+    queueing to the measured gaps."""
+    deadline = time.monotonic() + time_limit
+    start = time.perf_counter()
+    processes = max(1, min(processes, concurrency)) if pool is not None else 1
+    if processes == 1:
+        results = asyncio.run(run_requests(url, headers, concurrency, list(range(n_requests)), max_tokens, deadline))
+    else:
+        shares = [concurrency // processes + (p < concurrency % processes) for p in range(processes)]
+        futures = [
+            pool.submit(
+                client_process, url, headers, share, list(range(p, n_requests, processes)), max_tokens, deadline
+            )
+            for p, share in enumerate(shares)
+        ]
+        results = [r for future in futures for r in future.result()]
+    wall = time.perf_counter() - start
     ok = [r for r in results if r.ok]
     ttft = [r.ttft_s for r in ok]
     gaps = [g for r in ok for g in r.gaps_s]
@@ -292,6 +327,13 @@ def main() -> int:
         help=f"requests per level (default: max({MIN_REQUESTS}, 2 x concurrency))",
     )
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        help="spread each level's streams over this many client processes (default 1: one asyncio loop reads "
+        "every stream, and its own queueing shows in the gaps it measures at high concurrency)",
+    )
     parser.add_argument("--time-limit", type=float, default=120, help="seconds per level before no new requests")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument(
@@ -303,15 +345,21 @@ def main() -> int:
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     if args.url and urlparse(args.url).hostname not in LOOPBACK:
         parser.error("--url must be a loopback address: this load generator only targets localhost")
+    if args.client_processes < 1:
+        parser.error("--client-processes must be at least 1")
     process, url = (None, args.url.rstrip("/")) if args.url else start_server(args)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    pool = ProcessPoolExecutor(args.client_processes) if args.client_processes > 1 else None
     try:
-        asyncio.run(run_level(url, headers, 1, 1, 4, 60))  # warm-up: first-call costs out of the numbers
+        run_level(url, headers, 1, 1, 4, 60)  # warm-up: first-call costs out of the numbers
+        if pool is not None:  # start the client processes now, not inside the first level's time
+            list(pool.map(time.sleep, [0.2] * args.client_processes))
         levels = []
         for c in args.concurrency:
             before, start = engine_seconds(url, headers), time.perf_counter()
-            level = asyncio.run(
-                run_level(url, headers, c, args.requests or max(MIN_REQUESTS, 2 * c), args.max_tokens, args.time_limit)
+            n_requests = args.requests or max(MIN_REQUESTS, 2 * c)
+            level = run_level(
+                url, headers, c, n_requests, args.max_tokens, args.time_limit, pool, args.client_processes
             )
             wall, after = time.perf_counter() - start, engine_seconds(url, headers)
             # The share of the level's wall time the engine was running forwards; the rest is host-side work
@@ -320,6 +368,8 @@ def main() -> int:
             levels.append(level)
         metrics = httpx.get(url + "/metrics", headers=headers, timeout=10).text
     finally:
+        if pool is not None:
+            pool.shutdown()
         if process is not None:
             process.terminate()
             process.wait(30)

@@ -226,14 +226,26 @@ def test_perfx_tune_refuses_a_backend_without_kernels(capsys):
 # -- graphs --------------------------------------------------------------------------------------------------
 
 
-def test_recorded_decode_steps_replay_exactly(registry, smollm2_path, monkeypatch):
+def _native_replays(native: bool, monkeypatch) -> None:
+    """Replays queued from the native thread (native_replay.py) or from Python; skips where none can be built."""
+    from perfx_opencl import native_replay
+
+    monkeypatch.setenv("PERFX_OPENCL_NATIVE_REPLAY", "1" if native else "0")
+    if native and native_replay.replayer() is None:
+        pytest.skip("no native replayer here (a C compiler and the OpenCL library are needed)")
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-replay", "python-replay"])
+def test_recorded_decode_steps_replay_exactly(registry, smollm2_path, monkeypatch, native):
     """Decode with graphs (recorded steps replayed) gives the logits of running every op, over batch sizes
     1 and 3 and across attention partition boundaries (a new recording each time the signature changes).
     Prompts of 3-5 tokens are recorded too, padded to one 16-token graph: the padding rows' cache entries
-    are overwritten before any step reads them, so every later logit is unchanged."""
+    are overwritten before any step reads them, so every later logit is unchanged. Replays are queued from
+    the native thread or from Python: the same logits either way."""
     from perfx_core.gguf_loader import load_llama_gguf
     from perfx_core.model import LlamaModel
 
+    _native_replays(native, monkeypatch)
     config, weights, _ = load_llama_gguf(smollm2_path)
     rt = registry.open_runtime("opencl")
     try:
@@ -264,8 +276,42 @@ def test_recorded_decode_steps_replay_exactly(registry, smollm2_path, monkeypatc
         assert len(replays) == 2 + 70 - 4  # every prompt and step but the first of its kind
         assert {key[0] for key in model._graphs} == {"prefill", 1, 3} and len(model._graphs) == 5  # + 2 x 2 decode
         assert model.recordings == 5  # what a server's /metrics shows as perfx_engine_step_recordings
+        assert all((graph.native is not None) == native for graph in model._graphs.values())
         for a, b in zip(plain, replayed, strict=True):
             np.testing.assert_array_equal(a, b)
+    finally:
+        rt.close()
+
+
+def test_a_native_replay_is_joined_before_the_queue_is_used_and_reports_a_failed_launch(registry, monkeypatch):
+    """A graph replayed from the native thread: reading its output waits for every launch (64 in-place residual
+    additions, so a read ahead of any of them would see less); a launch the driver refuses (a work-group larger
+    than any device allows) surfaces as a BackendError naming the kernel at the next use of the queue, and the
+    runtime keeps working after it."""
+    import dataclasses
+
+    _native_replays(True, monkeypatch)
+    rt = registry.open_runtime("opencl")
+    try:
+        ones, weight = rt.from_numpy(np.ones((1, 256), np.float32)), rt.from_numpy(np.ones(256, np.float32))
+        residual, out = rt.from_numpy(np.zeros((1, 256), np.float32)), rt.empty((1, 256))
+        rt.begin_capture(("ids",))
+        for _ in range(64):
+            rt.ops.add_rmsnorm(ones, residual, weight, 1e-6, out)  # residual += 1 (recording runs them too)
+        graph = rt.end_capture()
+        assert graph is not None and graph.native is not None and len(graph.launches) == 64
+        for replays in (1, 2):
+            rt.replay(graph, {})
+            np.testing.assert_array_equal(rt.to_numpy(residual), np.full((1, 256), 64.0 * (1 + replays)))
+
+        kernel, _, _, name = graph.launches[0]
+        refused = ((kernel, (1 << 24,), (1 << 24,), name),)
+        bad = dataclasses.replace(graph, launches=refused, native=graph.native.native.plan(refused))
+        rt.replay(bad, {})  # returns at once: the thread finds out
+        with pytest.raises(BackendError, match="add_rmsnorm"):
+            rt.to_numpy(residual)
+        rt.replay(graph, {})
+        np.testing.assert_array_equal(rt.to_numpy(residual), np.full((1, 256), 256.0))
     finally:
         rt.close()
 

@@ -47,6 +47,13 @@ def _pyopencl() -> Any:
     return pyopencl
 
 
+def _native_replayer() -> Any:
+    """The native replayer (native_replay.py) for graphs recorded now, or None (off, or not buildable here)."""
+    from . import native_replay  # it imports this module
+
+    return native_replay.replayer() if native_replay.enabled() else None
+
+
 @contextmanager
 def check(what: str) -> Iterator[None]:
     """Turn a pyopencl/driver error raised while doing ``what`` into a BackendError that says so."""
@@ -231,6 +238,7 @@ class _Graph:
     # The launches' arguments: pyopencl's set_args does not keep buffers alive, and a scratch buffer that has
     # since grown (or a launch evicted from the cache) must not be freed while the graph can replay it.
     keep: tuple[tuple[Any, ...], ...]
+    native: Any = None  # the launches laid out for a native replay (native_replay.ReplayPlan), where there is one
 
 
 # -- the runtime -----------------------------------------------------------------------------------------
@@ -245,7 +253,8 @@ class OpenCLRuntime(Runtime):
         self.cl = _pyopencl()
         self.cl_device = device
         self.context = state.context
-        self.queue = state.queue
+        self._queue = state.queue
+        self._replaying: Any = None  # a native replay's plan while its thread may still be queueing (see queue)
         self._state = state
         self.variant = variant
         # The Adreno GEMV reads activations through the texture cache when the device has images.
@@ -260,6 +269,24 @@ class OpenCLRuntime(Runtime):
         self._launches: dict[tuple, tuple[Any, tuple[Any, ...]]] = {}  # see launch()
         self.launch_count = 0  # kernels queued since open: benchmarks report launches per token
         self.kernel_events: list[tuple[str, Any]] | None = [] if os.environ.get("PERFX_OPENCL_PROFILE") else None
+
+    @property
+    def queue(self) -> Any:
+        """The command queue, once a native replay still queueing on it (replay) has finished: every use of
+        the queue goes through here, so nothing is queued or read ahead of a replayed step's kernels."""
+        if self._replaying is not None:
+            self._finish_native_replay()
+        return self._queue
+
+    @queue.setter
+    def queue(self, queue: Any) -> None:
+        if self._replaying is not None:
+            self._finish_native_replay()
+        self._queue = queue
+
+    def _finish_native_replay(self) -> None:
+        plan, self._replaying = self._replaying, None
+        plan.native.join(plan)
 
     # -- memory ----------------------------------------------------------------------------------------
     def _allocate(self, nbytes: int, hostbuf: np.ndarray | None = None) -> _Allocation:
@@ -627,7 +654,9 @@ class OpenCLRuntime(Runtime):
             return None
         if not set(capture.uploads) <= capture.inputs:
             return None  # an upload a replay could not supply
-        return _Graph(tuple(capture.uploads.items()), tuple(capture.launches), tuple(capture.keep))
+        launches = tuple(capture.launches)
+        native = _native_replayer()
+        return _Graph(tuple(capture.uploads.items()), launches, tuple(capture.keep), native and native.plan(launches))
 
     def replay(self, graph: _Graph, inputs: dict[str, np.ndarray]) -> None:
         cl, queue = self.cl, self.queue
@@ -639,6 +668,13 @@ class OpenCLRuntime(Runtime):
                 self._index_buffers[key] = (alloc, host)  # what upload_ints compares against next time
                 cl.enqueue_copy(queue, alloc.buffer, host, is_blocking=False)
             enqueue, events = cl.enqueue_nd_range_kernel, self.kernel_events
+            if graph.native is not None and events is None:
+                # Queued from a thread of its own: the caller goes on (e.g. with the previous step's text) and
+                # the next use of self.queue waits for it.
+                graph.native.native.start(graph.native, queue)
+                self._replaying = graph.native
+                self.launch_count += len(graph.launches)
+                return
             for i, (kernel, global_size, local_size, name) in enumerate(graph.launches, 1):
                 event = enqueue(queue, kernel, global_size, local_size)
                 self.launch_count += 1

@@ -13,8 +13,10 @@ the kernels) and read-backs (waiting for the device), the time taking the rows' 
 sampling bookkeeping, ends) and sending text (Scheduler._send_texts: detokenizing, stop strings, posting
 events), the gap since the previous step, and when the step's text went out (``sent``: the perf_counter of the
 first _send_texts call that had text; with overlapped output that is the previous step's text, sent after
-this step was queued), from which summarize_steps.py gets the gaps between sends. With PERFX_OPENCL_PROFILE=1
-it also has
+this step was queued), from which summarize_steps.py gets the gaps between sends; the requests admitted just
+before the step (``admitted``), the requests submitted by the HTTP side while it ran (``submitted``: their
+parsing competes with the scheduler thread for the GIL) and the garbage collector's seconds inside it
+(``gc``). With PERFX_OPENCL_PROFILE=1 it also has
 the step's launches (steps that replay a recorded graph: not a step that records one or only prefills), the span
 from its first kernel's start to its last kernel's end, and the kernels' summed
 device time (busy) in all and per kernel name: span minus busy is the device idling inside the step. Lines are
@@ -24,6 +26,7 @@ Being a ``sitecustomize``, it hides any other one further down the path (e.g. a 
 """
 
 import atexit
+import gc
 import json
 import os
 import threading
@@ -43,6 +46,16 @@ def _install(path: str) -> None:
     rows: list[dict] = []
     step: dict = {}  # the step being timed
     last_end = [0.0]
+    between: dict = {"admitted": 0, "submitted": 0, "gc": 0.0}  # counted until the next step takes them
+    gc_start = [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            gc_start[0] = time.perf_counter()
+        elif gc_start[0]:
+            between["gc"] += time.perf_counter() - gc_start[0]
+
+    gc.callbacks.append(on_gc)
 
     def timed(owner, name: str, field: str):
         original = getattr(owner, name)
@@ -64,6 +77,17 @@ def _install(path: str) -> None:
     timed(scheduler.Scheduler, "_send_texts", "send")
     original_mixed, original_step = scheduler.Scheduler._queue_mixed_step, scheduler.Scheduler._step
     original_send = scheduler.Scheduler._send_texts
+    original_admit, original_submit = scheduler.Scheduler._admit, scheduler.Scheduler.submit
+
+    def admit(self):
+        waiting = len(self._waiting)
+        result = original_admit(self)
+        between["admitted"] += waiting - len(self._waiting)
+        return result
+
+    def submit(self, request):  # an HTTP thread
+        between["submitted"] += 1
+        return original_submit(self, request)
 
     def mixed_step(self, *args, **kwargs):
         step["kind"] = "mixed"
@@ -76,10 +100,14 @@ def _install(path: str) -> None:
 
     def one_step(self):
         step.clear()
+        admitted, between["admitted"] = between["admitted"], 0
         running, start = len(self._running), time.perf_counter()
         result = original_step(self)
         end = time.perf_counter()
-        row = {"kind": step.get("kind", "plain"), "running": running, "total": end - start}
+        row = {"kind": step.get("kind", "plain"), "running": running, "total": end - start, "admitted": admitted}
+        row["start"] = start
+        row["submitted"], between["submitted"] = between["submitted"], 0
+        row["gc"], between["gc"] = between["gc"], 0.0
         row["gap"] = start - last_end[0] if last_end[0] else None
         row.update({field: step.get(field, 0.0) for field in ("replay", "read", "take", "send")})
         row["sent"] = step.get("sent")
@@ -101,6 +129,7 @@ def _install(path: str) -> None:
 
     scheduler.Scheduler._queue_mixed_step, scheduler.Scheduler._step = mixed_step, one_step
     scheduler.Scheduler._send_texts = send_texts  # (wrapping the timed wrapper)
+    scheduler.Scheduler._admit, scheduler.Scheduler.submit = admit, submit
 
     def flush() -> None:
         done = rows[:]

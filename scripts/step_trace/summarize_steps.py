@@ -1,7 +1,8 @@
 """Summarize a step trace (scripts/step_trace/sitecustomize.py): per step kind and running rows (in fours),
 the mean / p99 in ms of each part of a step, and with profiling the mean device ms per step of each kernel;
 then the gaps between consecutive steps' text sends (what a client sees as inter-token latency when every
-running sequence gets a token per step) by the kinds of the two steps, next to the change in replay time.
+running sequence gets a token per step) by the kinds of the two steps, next to the change in replay time,
+and the largest of those gaps with what happened in them.
 
     python scripts/step_trace/summarize_steps.py steps.jsonl
 """
@@ -37,6 +38,31 @@ def send_gaps(steps: list[dict]) -> None:
             print(f"  {first:>5} -> {second:<5} {len(pairs):>5} gaps  {_ms(gaps)}  replay change {_ms(deltas)}")
 
 
+def largest_gaps(steps: list[dict], count: int = 12) -> None:
+    """The largest gaps between consecutive sends with 12+ running (the c16 p99 is about the 2nd-largest step
+    gap of a level: every running sequence sees each step's gap), with what happened between the two sends: the
+    earlier step's text handling, wait for the device and row taking, then the admissions, submissions and
+    replay of the later step, and the garbage collector's time in both."""
+    pairs = [
+        (after["sent"] - before["sent"], before, after)
+        for before, after in itertools.pairwise(steps)
+        if before.get("sent") is not None and after.get("sent") is not None and after["running"] >= 12
+    ]
+    if not pairs:
+        return
+    gaps = sorted(gap for gap, _, _ in pairs)
+    quantiles = ", ".join(f"p{q} {1e3 * gaps[int(q / 100 * (len(gaps) - 1))]:.2f}" for q in (50, 90, 99))
+    print(f"send gaps with 12+ running: {len(gaps)}, ms: {quantiles}, max {1e3 * gaps[-1]:.2f}")
+    print("  largest (ms): gap  kinds  | earlier step: send read take gc | later step: admitted submitted replay gc")
+    for gap, before, after in sorted(pairs, key=lambda pair: -pair[0])[:count]:
+        print(
+            f"  {1e3 * gap:6.2f}  {before['kind']:>5} -> {after['kind']:<5} running {after['running']:>2}"
+            f" | {1e3 * before['send']:5.2f} {1e3 * before['read']:5.2f} {1e3 * before['take']:5.2f}"
+            f" {1e3 * before.get('gc', 0.0):5.2f} | {after.get('admitted', 0)} {after.get('submitted', 0)}"
+            f" {1e3 * after['replay']:5.2f} {1e3 * after.get('gc', 0.0):5.2f}"
+        )
+
+
 def main() -> None:
     groups: dict[tuple[str, int], list[dict]] = {}
     steps: list[dict] = []
@@ -69,6 +95,7 @@ def main() -> None:
             )
 
     send_gaps(steps)
+    largest_gaps(steps)
 
 
 if __name__ == "__main__":
