@@ -409,6 +409,38 @@ def test_cli_errors_are_perfx_errors_before_loading(tmp_path):
             assert run.returncode == 2 and message in run.stderr, run.stderr
 
 
+def test_held_events_wake_the_loop_once_when_released():
+    """While the scheduler holds the post (handling a step's text), events queue up without waking the loop,
+    whose thread would otherwise take the GIL from the scheduler mid-step; the release wakes it once for all
+    of them, and a release with nothing pending wakes nobody."""
+    import asyncio
+
+    from perfx_core.serving.app import _EventPost
+
+    loop = asyncio.new_event_loop()
+    wake_ups = []
+    real_call = loop.call_soon_threadsafe
+    loop.call_soon_threadsafe = lambda *a: (wake_ups.append(1), real_call(*a))[1]
+    post = _EventPost(loop)
+    queues = [asyncio.Queue() for _ in range(16)]
+    try:
+        post.hold()
+        for i, queue in enumerate(queues):
+            post.post(queue, i)
+        assert not wake_ups and all(queue.empty() for queue in queues)
+        post.release()
+        assert len(wake_ups) == 1
+        loop.run_until_complete(asyncio.sleep(0))  # the loop runs the delivery
+        assert [queue.get_nowait() for queue in queues] == list(range(16))
+        post.hold()
+        post.release()
+        assert len(wake_ups) == 1
+        post.post(queues[0], "not held")  # outside a hold: delivered at once
+        assert len(wake_ups) == 2
+    finally:
+        loop.close()
+
+
 def test_event_post_delivers_every_event_in_order_with_fewer_wake_ups():
     """The scheduler thread's tokens reach each request's queue in order, through one loop wake-up per burst
     instead of one per event; posting after the loop closed is silently dropped (nobody is listening)."""

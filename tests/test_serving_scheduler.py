@@ -197,6 +197,42 @@ def test_a_stop_string_ends_the_text_and_the_count_at_its_token(overlap, stop, t
     assert tokens - 1 <= len(rows) <= tokens - 1 + overlap
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_steps_text_goes_out_inside_one_hold_of_the_events(overlap):
+    """Every text event and ending is emitted inside Scheduler(hold_events=...), entered once per handling of a
+    step's text (both sequences' tokens of a step in the same one), so the server's event loop is woken once
+    it is all out (app._EventPost)."""
+    holds = []  # one flag per hold entered: still open?
+
+    class Hold:
+        def __enter__(self):
+            holds.append(True)
+
+        def __exit__(self, *exc):
+            holds[-1] = False
+
+    class Recording(Collector):
+        def __init__(self):
+            super().__init__()
+            self.holds = []  # per event: the hold it was emitted in (None: outside any)
+
+        def __call__(self, event):
+            self.holds.append(len(holds) if holds and holds[-1] else None)
+            super().__call__(event)
+
+    scheduler = Scheduler(
+        FakeEngine(n_slots=2), FakeTokenizer(), max_queue=4, prefill_chunk=4, overlap_output=overlap, hold_events=Hold
+    )
+    collectors = [Recording(), Recording()]
+    for collector in collectors:
+        scheduler.submit(_request(3, 5, collector))
+    run_until_done(scheduler, *collectors)
+    assert [c.events[-1] for c in collectors] == [Finished("length", 3, 5)] * 2
+    first, second = (c.holds for c in collectors)
+    assert len(first) == len(second) == 6 and None not in first + second  # 5 tokens' text and the ending
+    assert len(set(first) & set(second)) >= 2  # while decoding together: a step's two texts in one hold
+
+
 def test_without_overlap_each_token_goes_out_before_the_next_step():
     """Without overlapped output (the CPU default) the first token's text is sent right after its prefill, and
     each later one right after its step, before anything else is queued."""

@@ -14,8 +14,8 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 from starlette.applications import Starlette
@@ -61,6 +61,19 @@ class ServerState:
                 post = self._posts[loop] = _EventPost(loop)
             return post
 
+    @contextmanager
+    def held_events(self) -> Iterator[None]:
+        """Events posted inside wait until the end to wake their loops (see _EventPost)."""
+        with self._lock:
+            posts = list(self._posts.values())
+        for post in posts:
+            post.hold()
+        try:
+            yield
+        finally:
+            for post in posts:
+                post.release()
+
     def load(self) -> None:
         """Runs in a background thread: load the model, then start the scheduler that owns it."""
         import perfx_core
@@ -88,6 +101,7 @@ class ServerState:
                 metrics=self.metrics,
                 mixed_steps=mixed_steps,
                 overlap_output=c.overlap_output if c.overlap_output is not None else on_gpu,
+                hold_events=self.held_events,
             )
             with self._lock:
                 if self._closed:  # the server stopped while we were loading
@@ -194,27 +208,48 @@ def _sse(data: Any) -> str:
 class _EventPost:
     """Hands events from the scheduler thread to one event loop, waking the loop once per burst: a step emits
     a token to every running request at once, and one wake-up per event would have the loop's thread contend
-    for the GIL with the scheduler's next step that many times."""
+    for the GIL with the scheduler's next step that many times. While held (the scheduler handling a step's
+    text, Scheduler(hold_events=...)) events only queue up: woken at the first one, the loop's thread would
+    take the GIL from the scheduler in the middle of that work (for up to the switch interval), delaying the
+    tokens of every sequence after that point by as much."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
         self._lock = threading.Lock()
         self._pending: list[tuple[asyncio.Queue, Any]] = []
+        self._scheduled = False  # a _deliver is on its way and will take everything pending
+        self._held = False
 
     def post(self, queue: asyncio.Queue, event: Any) -> None:  # scheduler thread
         with self._lock:
             self._pending.append((queue, event))
-            if len(self._pending) > 1:  # a delivery is already on its way and will take this one too
+            if self._held or self._scheduled:
                 return
+            self._scheduled = True
+        self._wake()
+
+    def hold(self) -> None:  # scheduler thread
+        self._held = True
+
+    def release(self) -> None:  # scheduler thread
+        with self._lock:
+            self._held = False
+            if not self._pending or self._scheduled:
+                return
+            self._scheduled = True
+        self._wake()
+
+    def _wake(self) -> None:
         try:
             self.loop.call_soon_threadsafe(self._deliver)
         except RuntimeError:  # the loop is closed: the server is gone, nobody is listening
             with self._lock:
                 self._pending.clear()  # else every later post would wait behind this one forever
+                self._scheduled = False
 
     def _deliver(self) -> None:  # event loop
         with self._lock:
-            pending, self._pending = self._pending, []
+            pending, self._pending, self._scheduled = self._pending, [], False
         for queue, event in pending:
             queue.put_nowait(event)
 

@@ -20,6 +20,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -119,6 +120,7 @@ class Scheduler:
         metrics: ServerMetrics | None = None,
         mixed_steps: bool = False,
         overlap_output: bool = False,
+        hold_events: Callable[[], AbstractContextManager[None]] = nullcontext,
     ):
         self.engine = engine
         self.tokenizer = tokenizer
@@ -129,6 +131,9 @@ class Scheduler:
         self.mixed_steps = mixed_steps
         # A step's text is handled while the device runs the next step (module docstring).
         self.overlap_output = overlap_output
+        # Entered around each handling of text: emitted events may wait in it, so whoever receives them is woken
+        # once it is done, not in the middle of it (the two threads would take turns on the GIL).
+        self.hold_events = hold_events
         self.n_slots = engine.n_slots
         self.max_batch_size = 0  # largest decode batch so far: shows batching really happened
         self._cond = threading.Condition()
@@ -374,9 +379,10 @@ class Scheduler:
             log.exception("sending the last texts failed")
 
     def _send_texts(self) -> None:
-        for seq in self._running:
-            if not seq.done and (seq.unsent or seq.ending):
-                self._send_text(seq)
+        with self.hold_events():
+            for seq in self._running:
+                if not seq.done and (seq.unsent or seq.ending):
+                    self._send_text(seq)
 
     def _send_text(self, seq: _Sequence) -> None:
         """Stream the text of ``seq``'s new tokens and finish it on a stop string, or on the ending its tokens
