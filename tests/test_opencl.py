@@ -316,6 +316,60 @@ def test_a_native_replay_is_joined_before_the_queue_is_used_and_reports_a_failed
         rt.close()
 
 
+def test_a_native_replay_outlives_its_dropped_graph_and_is_joined_by_another_runtime(registry, monkeypatch):
+    """The model may drop a graph (closing, or evicting it) while its replay's thread still queues it: the
+    replay keeps the graph's kernels and buffers alive until joined. A second runtime on the same device shares
+    the queue, so its first use of the queue waits for that replay too."""
+    _native_replays(True, monkeypatch)
+    rt, other = registry.open_runtime("opencl"), registry.open_runtime("opencl")
+    try:
+        assert other._state is rt._state
+        ones, weight = rt.from_numpy(np.ones((1, 256), np.float32)), rt.from_numpy(np.ones(256, np.float32))
+        residual = rt.from_numpy(np.zeros((1, 256), np.float32))
+        rt.begin_capture(("ids",))
+        for _ in range(256):
+            rt.ops.add_rmsnorm(
+                ones, residual, weight, 1e-6, rt.empty((1, 256))
+            )  # a fresh output each: kept by the graph
+        graph = rt.end_capture()
+        rt.replay(graph, {})
+        del graph
+        rt._launches.clear()  # the launch cache's kernels go too: only the running replay holds them now
+        gc.collect()
+        other.synchronize()  # waits for rt's replay: they share the queue
+        assert rt._state.replaying is None
+        np.testing.assert_array_equal(other.to_numpy(residual), np.full((1, 256), 512.0))
+    finally:
+        other.close()
+        rt.close()
+
+
+def test_native_replays_fall_back_to_python_where_they_cannot_be_built(registry, monkeypatch, tmp_path):
+    """An unwritable cache directory (or no compiler) turns native replays off; steps are still recorded and
+    replayed, from Python."""
+    from perfx_opencl import native_replay
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("PERFX_CACHE_DIR", str(blocker / "cache"))
+    monkeypatch.setenv("PERFX_OPENCL_NATIVE_REPLAY", "1")
+    native_replay.replayer.cache_clear()
+    rt = registry.open_runtime("opencl")
+    try:
+        assert native_replay.replayer() is None
+        ones, weight = rt.from_numpy(np.ones((1, 8), np.float32)), rt.from_numpy(np.ones(8, np.float32))
+        residual, out = rt.from_numpy(np.zeros((1, 8), np.float32)), rt.empty((1, 8))
+        rt.begin_capture(("ids",))
+        rt.ops.add_rmsnorm(ones, residual, weight, 1e-6, out)
+        graph = rt.end_capture()
+        assert graph is not None and graph.native is None
+        rt.replay(graph, {})
+        np.testing.assert_array_equal(rt.to_numpy(residual), np.full((1, 8), 2.0))
+    finally:
+        rt.close()
+        native_replay.replayer.cache_clear()  # the next test finds the real cache again
+
+
 def test_a_step_that_reads_back_is_not_recorded(registry):
     rt = registry.open_runtime("opencl")
     try:
@@ -779,7 +833,8 @@ def test_tiled_prefill_attention_with_small_tiles_conforms(registry, monkeypatch
 def test_recorded_mixed_steps_replay_exactly(registry, smollm2_path, monkeypatch):
     """Mixed steps (decode rows + a prompt chunk) of 3, 7 and 12 prompt tokens share one recording (padded to
     16 rows): a run that records then replays equals a run that only replays, and both match running every
-    op unpadded (to float rounding: the padded matmuls sum in another order)."""
+    op unpadded (to float rounding: the padded matmuls sum in another order). A step's attention is one
+    launch per layer (attention_mixed)."""
     from perfx_core.gguf_loader import load_llama_gguf
     from perfx_core.model import LlamaModel
 
@@ -809,6 +864,10 @@ def test_recorded_mixed_steps_replay_exactly(registry, smollm2_path, monkeypatch
         assert len(replays) == 6 - 2  # one recording per pick (argmax, logits back) of 1 decode + 16 prompt rows
         replayed = run("1", clear=False)
         assert len(replays) == 4 + 1 + 6  # the prompt and every step
+        # Each layer's decode and prompt attention is one attention_mixed launch.
+        names = [name for _, _, _, name in replays[-1].launches]
+        assert names.count("attention_mixed") == config.n_layers
+        assert "attention_prefill" not in names and "attention_decode_fused" not in names
         for a, b, c in zip(plain, recorded, replayed, strict=True):
             np.testing.assert_array_equal(b, c)
             np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)

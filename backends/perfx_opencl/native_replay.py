@@ -89,9 +89,30 @@ class ReplayPlan:
         )
         self.native = native
 
+    def start(self, queue: Any, graph: Any) -> Replaying:
+        """Queue the launches on ``queue`` from a new thread; ``graph`` (whose launches these are) stays alive
+        until the returned replay is joined."""
+        self.native.start(self, queue)
+        return Replaying(self, graph)
 
-# Plans whose thread may still run: kept alive until joined, even if their graph and runtime are dropped.
-_IN_FLIGHT: set[ReplayPlan] = set()
+
+# Replays whose thread may still run, with their graphs (the kernels and the buffers they use): kept alive until
+# joined, even if the model drops its graphs or the runtime is closed meanwhile.
+_IN_FLIGHT: dict[int, tuple[ReplayPlan, Any]] = {}
+
+
+class Replaying:
+    """A started replay: ``join()`` waits for its thread (once)."""
+
+    def __init__(self, plan: ReplayPlan, graph: Any):
+        self.plan = plan
+        _IN_FLIGHT[id(self)] = (plan, graph)
+
+    def join(self) -> None:
+        try:
+            self.plan.native.join(self.plan)
+        finally:
+            _IN_FLIGHT.pop(id(self), None)
 
 
 class NativeReplayer:
@@ -114,12 +135,10 @@ class NativeReplayer:
         error = self._start(ctypes.byref(plan.job))
         if error:
             raise BackendError(f"OpenCL: could not start a thread to queue a replayed step (error {error})")
-        _IN_FLIGHT.add(plan)
 
     def join(self, plan: ReplayPlan) -> None:
         """Wait for ``plan``'s thread; a launch the driver refused raises BackendError naming it."""
         status = self._join(ctypes.byref(plan.job))
-        _IN_FLIGHT.discard(plan)
         if status:
             at = plan.job.failed_at
             what = (
@@ -141,17 +160,22 @@ def replayer() -> NativeReplayer | None:
     if opencl is None:
         log.info("native replays off: the OpenCL library pyopencl uses was not found")
         return None
-    library = _build()
-    if library is None:
-        return None
     try:
         entry = ctypes.CDLL(opencl)
         enqueue = ctypes.cast(entry.clEnqueueNDRangeKernel, ctypes.c_void_p).value
         flush = ctypes.cast(entry.clFlush, ctypes.c_void_p).value
-        return NativeReplayer(library, enqueue, flush)
     except (OSError, AttributeError) as exc:
-        log.warning("native replays off: loading %s or %s failed: %s", opencl, library, exc)
+        log.warning("native replays off: the OpenCL entry points of %s: %s", opencl, exc)
         return None
+    for rebuild in (False, True):  # a cached library that does not load (e.g. another C library) is built again
+        library = _build(rebuild)
+        if library is None:
+            return None
+        try:
+            return NativeReplayer(library, enqueue, flush)
+        except (OSError, AttributeError) as exc:
+            log.warning("native replays: loading %s failed: %s", library, exc)
+    return None
 
 
 def _opencl_library() -> str | None:
@@ -176,32 +200,33 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or next(filter(None, map(shutil.which, ("cc", "gcc", "clang"))), None)
 
 
-def _build() -> Path | None:
-    """The compiled library in the cache (built now if missing), or None with the reason logged."""
-    source = SOURCE.read_bytes()
-    tag = hashlib.sha256(source + sys.platform.encode() + os.uname().machine.encode()).hexdigest()[:16]
-    target = cache_dir() / "opencl-native" / f"replay-{tag}.so"
-    if target.exists():
-        return target
+def _build(rebuild: bool = False) -> Path | None:
+    """The compiled library in the cache (built now if missing, or again with ``rebuild``), or None with the
+    reason logged: a missing compiler or an unwritable cache leaves replays in Python, it is never an error."""
     compiler = _compiler()
-    if compiler is None:
-        log.info("native replays off: no C compiler (set CC, or install cc/gcc/clang)")
-        return None
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Built under a temporary name and renamed: a concurrent process never loads a half-written library.
-    handle, partial = tempfile.mkstemp(prefix="replay-", suffix=".so.partial", dir=target.parent)
-    os.close(handle)
     try:
-        command = [compiler, "-O2", "-shared", "-fPIC", "-pthread", "-o", partial, str(SOURCE)]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-        if done.returncode != 0:
-            log.warning("native replays off: %s failed: %s", " ".join(command), done.stderr.strip()[-2000:])
+        key = SOURCE.read_bytes() + f"{sys.platform} {os.uname().machine} {compiler}".encode()
+        target = cache_dir() / "opencl-native" / f"replay-{hashlib.sha256(key).hexdigest()[:16]}.so"
+        if target.exists() and not rebuild:
+            return target
+        if compiler is None:
+            log.info("native replays off: no C compiler (set CC, or install cc/gcc/clang)")
             return None
-        os.replace(partial, target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # Built under a temporary name and renamed: a concurrent process never loads a half-written library.
+        handle, partial = tempfile.mkstemp(prefix="replay-", suffix=".so.partial", dir=target.parent)
+        os.close(handle)
+        try:
+            command = [compiler, "-O2", "-shared", "-fPIC", "-pthread", "-o", partial, str(SOURCE)]
+            done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+            if done.returncode != 0:
+                log.warning("native replays off: %s failed: %s", " ".join(command), done.stderr.strip()[-2000:])
+                return None
+            os.replace(partial, target)
+        finally:
+            if os.path.exists(partial):
+                os.unlink(partial)
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning("native replays off: building %s failed: %s", SOURCE.name, exc)
         return None
-    finally:
-        if os.path.exists(partial):
-            os.unlink(partial)
     return target

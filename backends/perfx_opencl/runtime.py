@@ -10,10 +10,11 @@ from __future__ import annotations
 import functools
 import math
 import os
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,10 @@ class _DeviceState:
     queue: Any
     programs: dict[tuple[str, str, tuple[str, ...]], Any]
     kernels: dict[tuple[int, str], Any]
+    # A native replay whose thread may still be queueing on `queue` (OpenCLRuntime.queue joins it first), with
+    # the lock that lets only one caller join it.
+    replaying: Any = None
+    replay_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 _device_states: dict[tuple[str, str, int], _DeviceState] = {}
@@ -254,7 +259,6 @@ class OpenCLRuntime(Runtime):
         self.cl_device = device
         self.context = state.context
         self._queue = state.queue
-        self._replaying: Any = None  # a native replay's plan while its thread may still be queueing (see queue)
         self._state = state
         self.variant = variant
         # The Adreno GEMV reads activations through the texture cache when the device has images.
@@ -272,21 +276,25 @@ class OpenCLRuntime(Runtime):
 
     @property
     def queue(self) -> Any:
-        """The command queue, once a native replay still queueing on it (replay) has finished: every use of
-        the queue goes through here, so nothing is queued or read ahead of a replayed step's kernels."""
-        if self._replaying is not None:
+        """The command queue, once a native replay still queueing on the device's queue (replay) has finished:
+        every use of the queue, by this runtime or another on the same device, goes through here, so nothing is
+        queued or read ahead of a replayed step's kernels."""
+        if self._state.replaying is not None:
             self._finish_native_replay()
         return self._queue
 
     @queue.setter
     def queue(self, queue: Any) -> None:
-        if self._replaying is not None:
+        if self._state.replaying is not None:
             self._finish_native_replay()
         self._queue = queue
 
     def _finish_native_replay(self) -> None:
-        plan, self._replaying = self._replaying, None
-        plan.native.join(plan)
+        state = self._state
+        with state.replay_lock:
+            replaying, state.replaying = state.replaying, None
+            if replaying is not None:
+                replaying.join()  # raises BackendError if the driver refused a launch
 
     # -- memory ----------------------------------------------------------------------------------------
     def _allocate(self, nbytes: int, hostbuf: np.ndarray | None = None) -> _Allocation:
@@ -671,8 +679,7 @@ class OpenCLRuntime(Runtime):
             if graph.native is not None and events is None:
                 # Queued from a thread of its own: the caller goes on (e.g. with the previous step's text) and
                 # the next use of self.queue waits for it.
-                graph.native.native.start(graph.native, queue)
-                self._replaying = graph.native
+                self._state.replaying = graph.native.start(queue, graph)
                 self.launch_count += len(graph.launches)
                 return
             for i, (kernel, global_size, local_size, name) in enumerate(graph.launches, 1):
@@ -734,8 +741,11 @@ class OpenCLRuntime(Runtime):
             self.queue.finish()
 
     def close(self) -> None:
-        if not self._closed:
-            self.synchronize()
+        if self._closed:
+            return
+        try:
+            self.synchronize()  # raises if a native replay's launch failed: the runtime closes anyway
+        finally:
             self._index_buffers.clear()
             self._zeroed.clear()
             self._launches.clear()  # their kernel objects hold every buffer they were launched with
