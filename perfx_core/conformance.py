@@ -491,8 +491,10 @@ def _attention_case(
     positions: list[int],
     t_len: int = 1,
     max_seq: int = 128,
+    prompt: tuple[int, int] | None = None,
 ) -> tuple[str, float, Body]:
-    """Decode of len(slots) sequences at ``positions``, or a prefill of t_len tokens at positions[0].. of slots[0]."""
+    """Decode of len(slots) sequences at ``positions``, or a prefill of t_len tokens at positions[0].. of slots[0];
+    attention_mixed: the decode rows, then a chunk of t_len tokens of ``prompt`` = (slot, start)."""
     spec = AttentionSpec(*heads)
     kv = KVCacheSpec(
         n_layers=2,
@@ -509,12 +511,17 @@ def _attention_case(
         k0 = (rng.choice([-1.0, 1.0], kv.shape) * rng.uniform(1e3, 3e4, kv.shape)).astype(cache_dtype)
         v0 = (rng.choice([-1.0, 1.0], kv.shape) * rng.uniform(1e3, 3e4, kv.shape)).astype(cache_dtype)
         written = np.zeros(kv.shape[:4], dtype=bool)
-        for slot, pos in zip(slots, positions, strict=True):
+        new_rows = [
+            (slot, pos, t_len if op == "attention_prefill" else 1) for slot, pos in zip(slots, positions, strict=True)
+        ]
+        if prompt is not None:
+            new_rows.append((*prompt, t_len))
+        for slot, pos, count in new_rows:
             k0[_LAYER, slot, :, :pos] = rng.standard_normal((spec.n_kv_heads, pos, spec.head_dim))
             v0[_LAYER, slot, :, :pos] = rng.standard_normal((spec.n_kv_heads, pos, spec.head_dim))
-            written[_LAYER, slot, :, pos : pos + t_len] = True
+            written[_LAYER, slot, :, pos : pos + count] = True
         cos, sin = _rope_table(kv.max_seq_len, spec.head_dim)
-        rows = len(slots) if op == "attention_decode" else t_len
+        rows = {"attention_decode": len(slots), "attention_prefill": t_len}.get(op, len(slots) + t_len)
         qkv = (rng.standard_normal((rows, spec.qkv_dim)) * 1.5).astype(np.float32)
         cache = t.kv_cache(kv, k0, v0)
         rope = RopeTable(t.input("rope.cos", cos), t.input("rope.sin", sin))
@@ -525,19 +532,31 @@ def _attention_case(
                 t.scratch_input("qkv", qkv), cache, _LAYER, slots_arg, positions_arg, rope, spec, out
             )
             ref, k_ref, v_ref = reference.attention_decode(qkv, k0, v0, _LAYER, slots, positions, cos, sin, spec)
-        else:
+        elif op == "attention_prefill":
             t.rt.ops.attention_prefill(
                 t.scratch_input("qkv", qkv), cache, _LAYER, slots[0], positions[0], rope, spec, out
             )
             ref, k_ref, v_ref = reference.attention_prefill(qkv, k0, v0, _LAYER, slots[0], positions[0], cos, sin, spec)
+        else:
+            assert prompt is not None
+            slots_arg, positions_arg = t.ints("slots", slots), t.ints("positions", positions)
+            t.rt.ops.attention_mixed(
+                t.scratch_input("qkv", qkv), cache, _LAYER, slots_arg, positions_arg, *prompt, rope, spec, out
+            )
+            n = len(slots)
+            decoded, k1, v1 = reference.attention_decode(qkv[:n], k0, v0, _LAYER, slots, positions, cos, sin, spec)
+            prefilled, k_ref, v_ref = reference.attention_prefill(qkv[n:], k1, v1, _LAYER, *prompt, cos, sin, spec)
+            ref = np.concatenate([decoded, prefilled])
         t.compare("out", ref, MATMUL_LIMIT)
         t.compare_cache(cache, k_ref, v_ref, (k0, v0), written)
 
     where = (
-        f"slots={slots} positions={positions}"
-        if op == "attention_decode"
-        else f"slot={slots[0]} start={positions[0]} T={t_len}"
+        f"slot={slots[0]} start={positions[0]} T={t_len}"
+        if op == "attention_prefill"
+        else f"slots={slots} positions={positions}"
     )
+    if prompt is not None:
+        where += f" + prompt slot={prompt[0]} start={prompt[1]} T={t_len}"
     return f"heads {spec.n_heads}/{spec.n_kv_heads}x{spec.head_dim} {cache_dtype} cache {where}", MATMUL_LIMIT, body
 
 
@@ -661,6 +680,17 @@ def _cases(op: str) -> list[tuple[str, float, Body]]:
             # around backends' chunk-size switches (OpenCL stores up to 32 rows in the attention kernel)
             _attention_case(op, (8, 2, 64), "float16", [2], [17], t_len=32),
             _attention_case(op, (8, 2, 64), "float16", [2], [17], t_len=33),
+        ]
+    if op == "attention_mixed":
+        return [
+            _attention_case(op, (4, 4, 32), "float32", [2], [0], t_len=1, prompt=(0, 0)),
+            _attention_case(op, (8, 2, 64), "float16", [1, 2, 0], [64, 1, 99], t_len=16, prompt=(3, 9)),
+            _attention_case(op, (6, 2, 64), "float32", [3, 0], [5, 37], t_len=7, prompt=(1, 40)),
+            _attention_case(op, (4, 1, 128), "float16", [0, 2], [50, 3], t_len=32, prompt=(1, 0)),
+            _attention_case(op, (4, 2, 20), "float16", [1], [9], t_len=5, prompt=(2, 3)),  # not whole float4s
+            _attention_case(op, (8, 2, 64), "float32", [2], [17], t_len=33, prompt=(0, 2)),  # past the one launch
+            # decode rows over several partitions next to a chunk
+            _attention_case(op, (8, 2, 64), "float32", [1, 3], [700, 3], t_len=16, prompt=(0, 300), max_seq=720),
         ]
     raise InvalidArgumentError(f"no conformance cases for op {op!r}")
 

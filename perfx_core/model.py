@@ -313,17 +313,13 @@ class LlamaModel:
 
         def queue_step() -> None:
             def attend(qkv: Any, layer: int, out: Any) -> None:
-                decode_qkv, decode_out = rt.view(qkv, 0, (n, qkv.shape[1])), rt.view(out, 0, (n, out.shape[1]))
-                ops.attention_decode(
-                    decode_qkv, self.cache, layer, slots_arr, pos_arr, self.rope, self.attention, decode_out
-                )
-                if prompt_rows is not None:  # rows n.. are the prompt chunk's
-                    t = len(prompt_rows)
-                    prompt_qkv = rt.view(qkv, n * qkv.shape[1], (t, qkv.shape[1]))
-                    prompt_out = rt.view(out, n * out.shape[1], (t, out.shape[1]))
-                    ops.attention_prefill(
-                        prompt_qkv, self.cache, layer, prompt_slot, prompt_start, self.rope, self.attention, prompt_out
-                    )
+                if prompt_rows is None:
+                    ops.attention_decode(qkv, self.cache, layer, slots_arr, pos_arr, self.rope, self.attention, out)
+                else:  # rows n.. are the prompt chunk's
+                    ops.attention_mixed(
+                        qkv, self.cache, layer, slots_arr, pos_arr, prompt_slot, prompt_start, self.rope,
+                        self.attention, out,
+                    )  # fmt: skip
 
             ops.logits(self._forward(inputs["ids"], attend), self.output, logits)
             if on_device and pick == "argmax":

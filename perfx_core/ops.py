@@ -21,6 +21,8 @@ Primitive ops (a backend must implement these):
 Composite ops (generic versions below work on every backend; a backend may fuse them):
   linear, qkv_proj, gate_up_silu, logits,
   linear_add_rmsnorm(x, w, residual, weight, eps, out)  residual += x @ w.T (in place); out = rmsnorm(residual)
+  attention_mixed(qkv (n+T, qkv_dim), cache, layer, slots (n,), positions (n,), slot, start, rope, spec, out)
+                                                       rows 0..n-1 as attention_decode, rows n.. as attention_prefill
   argmax(logits (n, vocab), out (n,) int32)            out[i] = first index of the largest logit of row i
   sample(logits (n, vocab), rows (n, 6) host int32, out (n,) int32)   out[i] = sampling.engine_draw(logits[i], rows[i])
 """
@@ -45,7 +47,16 @@ PRIMITIVE_OPS = (
     "attention_decode",
     "attention_prefill",
 )
-COMPOSITE_OPS = ("linear", "qkv_proj", "gate_up_silu", "logits", "linear_add_rmsnorm", "argmax", "sample")
+COMPOSITE_OPS = (
+    "linear",
+    "qkv_proj",
+    "gate_up_silu",
+    "logits",
+    "linear_add_rmsnorm",
+    "attention_mixed",
+    "argmax",
+    "sample",
+)
 OP_NAMES = PRIMITIVE_OPS + COMPOSITE_OPS
 
 GENERIC_PRIORITY = -100  # generic composites lose to anything a backend or plugin registers
@@ -93,6 +104,21 @@ def generic_linear_add_rmsnorm(rt, x, w, residual, weight, eps, out) -> None:
     rt.ops.add_rmsnorm(delta, residual, weight, eps, out)
 
 
+def row_view(rt, x, first: int, count: int):
+    """Rows first..first+count-1 of a (rows, width) tensor, as a view."""
+    return rt.view(x, first * x.shape[1], (count, x.shape[1]))
+
+
+def generic_attention_mixed(rt, qkv, cache, layer, slots, positions, slot, start, rope, spec, out) -> None:
+    """A mixed step's attention: rows 0..n-1 of qkv are decode rows (attention_decode with slots, positions),
+    rows n.. a prompt chunk of ``slot`` from ``start`` (attention_prefill); ``slot`` is none of ``slots``."""
+    n, t = len(positions), qkv.shape[0] - len(positions)
+    rt.ops.attention_decode(
+        row_view(rt, qkv, 0, n), cache, layer, slots, positions, rope, spec, row_view(rt, out, 0, n)
+    )
+    rt.ops.attention_prefill(row_view(rt, qkv, n, t), cache, layer, slot, start, rope, spec, row_view(rt, out, n, t))
+
+
 def generic_argmax(rt, logits, out) -> None:
     """out (n,) int32 = the first index of each row's largest logit, through the host (a device backend
     overrides this so only the ids cross; needs ``rt.write``)."""
@@ -114,6 +140,7 @@ GENERIC_OPS: dict[str, Callable[..., None]] = {
     "gate_up_silu": generic_gate_up_silu,
     "logits": generic_logits,
     "linear_add_rmsnorm": generic_linear_add_rmsnorm,
+    "attention_mixed": generic_attention_mixed,
     "argmax": generic_argmax,
     "sample": generic_sample,
 }

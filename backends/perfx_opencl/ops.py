@@ -15,12 +15,18 @@ from typing import Any
 import numpy as np
 
 from perfx_core.errors import BackendError, InvalidArgumentError
-from perfx_core.ops import PRIMITIVE_OPS, generic_gate_up_silu, generic_linear_add_rmsnorm
+from perfx_core.ops import (
+    PRIMITIVE_OPS,
+    generic_attention_mixed,
+    generic_gate_up_silu,
+    generic_linear_add_rmsnorm,
+    row_view,
+)
 
 from . import tuning
 
 # Fused composites, for int4 weights and the token counts their kernels take (else the generic compositions).
-OPS = PRIMITIVE_OPS + ("gate_up_silu", "linear_add_rmsnorm", "argmax", "sample")
+OPS = PRIMITIVE_OPS + ("gate_up_silu", "linear_add_rmsnorm", "attention_mixed", "argmax", "sample")
 
 SMALL_N = 16  # up to this many tokens an int4 matmul uses the GEMV kernel, which reads W once for all of them
 # Up to this many tokens (a short prompt), GEMV passes of SMALL_N tokens beat the tiled GEMM, whose 64-token
@@ -633,33 +639,87 @@ def attention_decode(rt, qkv, cache, layer, slots, positions, rope, spec, out):
     if hd % 4 or not rt.fused_tails:
         _attention(rt, qkv, cache, layer, slots, positions, rope, spec, out)  # the general three-launch path
         return
-    rows, parts = len(positions), decode_signature(positions)[0]
-    partial = rt.scratch("attention_partial", (rows * spec.n_heads * parts * (hd + 2),))
+    parts = decode_signature(positions)[0]
     rt.launch(
         rt.kernel(
             "attention", "attention_decode_fused", PART=DECODE_PART, HD=hd, CACHE_HALF=cache.spec.dtype == "float16"
         ),
-        (ATT_WG * spec.n_heads, rows, parts),
+        (ATT_WG * spec.n_heads, len(positions), parts),
         (ATT_WG, 1, 1),
+        *_decode_arguments(rt, qkv, cache, layer, slots, positions, rope, spec, out, parts),
+    )
+
+
+def _decode_arguments(rt, qkv, cache, layer, slots, positions, rope, spec, out, parts: int) -> tuple:
+    """attention_decode_fused's arguments (the leading ones of attention_mixed too)."""
+    rows, hd = len(positions), spec.head_dim
+    return (
         qkv,
         *_placement(rt, cache, layer, slots, positions, rope, spec),
         spec.n_heads,
         spec.qkv_dim,
         out,
         1.0 / math.sqrt(hd),
-        partial,
+        rt.scratch("attention_partial", (rows * spec.n_heads * parts * (hd + 2),)),
         rt.zeroed_ints("attention_counters", rows * spec.n_heads),
     )
 
 
-def _prefill_tile(rt, hd: int) -> int:
+def attention_mixed(rt, qkv, cache, layer, slots, positions, slot, start, rope, spec, out):
+    """A mixed step's attention: decode rows 0..n-1 and a prompt chunk in rows n.. in one launch (kernel
+    attention_mixed) where the chunk stores its own rows (up to PREFILL_STORES_ROWS_MAX), else the two ops.
+    H200, 7B, a batch-16 step with a 16-row chunk: see docs/opencl.md (session 9)."""
+    n, hd = len(positions), spec.head_dim
+    t = qkv.shape[0] - n
+    tile = None
+    if hd % 4 == 0 and rt.fused_tails and n and 0 < t <= PREFILL_STORES_ROWS_MAX:
+        with contextlib.suppress(BackendError):  # the two parts' local arrays side by side must fit
+            tile = _prefill_tile(rt, hd, _decode_local_bytes(hd))
+    if tile is None:
+        generic_attention_mixed(rt, qkv, cache, layer, slots, positions, slot, start, rope, spec, out)
+        return
+    decode_qkv, prompt_qkv = row_view(rt, qkv, 0, n), row_view(rt, qkv, n, t)
+    decode_out, prompt_out = row_view(rt, out, 0, n), row_view(rt, out, n, t)
+    parts = decode_signature(positions)[0]
+    prompt_positions = np.arange(start, start + t, dtype=np.int32)
+    prompt_slots = rt.upload_ints(PROMPT_KEYS[0], np.full(t, slot, np.int32))
+    blocks = -(-t // tile)
+    rt.launch(
+        rt.kernel(
+            "attention",
+            "attention_mixed",
+            PART=DECODE_PART,
+            HD=hd,
+            QB=tile,
+            KB=tile,
+            CACHE_HALF=cache.spec.dtype == "float16",
+        ),
+        (ATT_WG * spec.n_heads, blocks + n, parts),
+        (ATT_WG, 1, 1),
+        *_decode_arguments(rt, decode_qkv, cache, layer, slots, positions, rope, spec, decode_out, parts),
+        prompt_qkv,
+        prompt_slots,
+        rt.upload_ints(PROMPT_KEYS[1], prompt_positions),
+        t,
+        prompt_out,
+        blocks,
+    )
+
+
+def _prefill_tile(rt, hd: int, beside: int = 0) -> int:
     """Query rows and key positions per tile of the tiled prefill attention: 16 where its local arrays fit
-    (q and K tiles padded a float per row, V, the probabilities), else 8."""
+    (q and K tiles padded a float per row, V, the probabilities) next to ``beside`` more bytes, else 8."""
     for tile in (16, 8):
         floats = 2 * tile * (hd + 1) + tile * hd + tile * (tile + 1) + tile
-        if 4 * floats <= _local_bytes(rt):
+        if 4 * floats + beside <= _local_bytes(rt):
             return tile
     raise BackendError(f"the tiled prefill attention does not fit this device's local memory at head_dim {hd}")
+
+
+def _decode_local_bytes(hd: int) -> int:
+    """attention_decode_fused's local arrays (DECODE_LOCALS): q, k and v of the new token, the scores, the
+    reduction scratch, the P.V partial sums and a flag."""
+    return 3 * 4 * hd + 4 * ATT_WG + 4 * ATT_WG + 16 * ATT_WG + 4
 
 
 # Up to this many rows, attention_prefill stores the rows' k and v itself, reading the rows' own keys from qkv

@@ -188,17 +188,26 @@ inline float4 rope_k4(__global const float* x, __global const float* cos_p, __gl
 #endif
 }
 
-__kernel __attribute__((reqd_work_group_size(ATT_WG, 1, 1))) void attention_prefill(
-    __global const float* qkv, int qkv_off, __global const int* slots, __global const int* positions,
-    __global const float* cos_t, int cos_off, __global const float* sin_t, int sin_off,
-    __global CACHE_T* k_cache, __global CACHE_T* v_cache, int layer, int n_slots, int n_kv, int max_seq, int rows,
-    int n_heads, int qkv_dim, __global float* out, int out_off, float score_scale, int stores_rows) {
-    __local float qs[QB][HD + 1];  // +1: rows in different banks while scoring
-    __local float ks[KB][HD + 1];
-    __local float vs[KB][HD];
-    __local float ps[QB][KB + 1];
-    __local float row_scale[QB];  // e^(old max - new max) of each row for this tile
-    const int lid = get_local_id(0), h = get_group_id(0), r0 = get_group_id(1) * QB;
+// The local arrays of a prefill work-group, declared by each kernel that runs prefill_block (separate arrays,
+// not one struct: the compiler then knows they do not overlap).
+#define PREFILL_LOCALS                                                       \
+    __local float qs[QB][HD + 1]; /* +1: rows in different banks while scoring */ \
+    __local float ks[KB][HD + 1];                                            \
+    __local float vs[KB][HD];                                                \
+    __local float ps[QB][KB + 1];                                            \
+    __local float row_scale[QB]; /* e^(old max - new max) of each row for this tile */
+#define PREFILL_LOCAL_ARGS qs, ks, vs, ps, row_scale
+
+// Query rows block * QB.. of head h (the work-group (h, block) of attention_prefill).
+inline void prefill_block(__global const float* qkv, int qkv_off, __global const int* slots,
+                          __global const int* positions, __global const float* cos_t, int cos_off,
+                          __global const float* sin_t, int sin_off, __global CACHE_T* k_cache,
+                          __global CACHE_T* v_cache, int layer, int n_slots, int n_kv, int max_seq, int rows,
+                          int n_heads, int qkv_dim, __global float* out, int out_off, float score_scale,
+                          int stores_rows, const int h, const int block, __local float (*qs)[HD + 1],
+                          __local float (*ks)[HD + 1], __local float (*vs)[HD], __local float (*ps)[KB + 1],
+                          __local float* row_scale) {
+    const int lid = get_local_id(0), r0 = block * QB;
     // The first position read from qkv rather than the cache: none when store_kv stored the rows beforehand.
     const int kv_head = h / (n_heads / n_kv), half_d = HD / 2, start = stores_rows ? positions[0] : INT_MAX;
     const int n_rows = min(QB, rows - r0), last = positions[r0 + n_rows - 1];  // the block's last query position
@@ -294,6 +303,17 @@ __kernel __attribute__((reqd_work_group_size(ATT_WG, 1, 1))) void attention_pref
                 out[out_off + (r0 + r) * n_heads * HD + h * HD + d] = acc[r][u] / row_scale[r];
     }
 }
+
+__kernel __attribute__((reqd_work_group_size(ATT_WG, 1, 1))) void attention_prefill(
+    __global const float* qkv, int qkv_off, __global const int* slots, __global const int* positions,
+    __global const float* cos_t, int cos_off, __global const float* sin_t, int sin_off,
+    __global CACHE_T* k_cache, __global CACHE_T* v_cache, int layer, int n_slots, int n_kv, int max_seq, int rows,
+    int n_heads, int qkv_dim, __global float* out, int out_off, float score_scale, int stores_rows) {
+    PREFILL_LOCALS
+    prefill_block(qkv, qkv_off, slots, positions, cos_t, cos_off, sin_t, sin_off, k_cache, v_cache, layer, n_slots,
+                  n_kv, max_seq, rows, n_heads, qkv_dim, out, out_off, score_scale, stores_rows, get_group_id(0),
+                  get_group_id(1), PREFILL_LOCAL_ARGS);
+}
 #endif
 
 // -- decode in one launch ----------------------------------------------------------------------------------
@@ -311,19 +331,25 @@ __kernel __attribute__((reqd_work_group_size(ATT_WG, 1, 1))) void attention_pref
 #define TPK (ATT_WG / PART)  // threads per key while scoring
 #define LANES (HD / 4)       // float4 lanes of a head
 #define STRIPES (ATT_WG / LANES)
-__kernel __attribute__((reqd_work_group_size(ATT_WG, 1, 1))) void attention_decode_fused(
-    __global const float* qkv, int qkv_off, __global const int* slots, __global const int* positions,
-    __global const float* cos_t, int cos_off, __global const float* sin_t, int sin_off,
-    __global CACHE_T* k_cache, __global CACHE_T* v_cache, int layer, int n_slots, int n_kv, int max_seq,
-    int n_heads, int qkv_dim, __global float* out, int out_off, float score_scale,
-    __global float* partial, int partial_off, __global int* counters, int counters_off) {
-    __local float4 q[LANES], k_new[LANES], v_new[LANES];
-    __local float p[PART * TPK];
-    __local float scratch[ATT_WG];
-    __local float4 pv[ATT_WG];
+// The local arrays of a decode work-group (separate arrays, as PREFILL_LOCALS).
+#define DECODE_LOCALS                                    \
+    __local float4 q[LANES], k_new[LANES], v_new[LANES]; \
+    __local float p[PART * TPK];                         \
+    __local float scratch[ATT_WG];                       \
+    __local float4 pv[ATT_WG];                           \
     __local int merging;
-    const int lid = get_local_id(0), h = get_group_id(0), r = get_group_id(1), part = get_group_id(2);
-    const int parts = get_num_groups(2);
+#define DECODE_LOCAL_ARGS q, k_new, v_new, p, scratch, pv, &merging
+
+// Partition `part` (of `parts`) of row r, head h (the work-group (h, r, part) of attention_decode_fused).
+inline void decode_row(__global const float* qkv, int qkv_off, __global const int* slots,
+                       __global const int* positions, __global const float* cos_t, int cos_off,
+                       __global const float* sin_t, int sin_off, __global CACHE_T* k_cache, __global CACHE_T* v_cache,
+                       int layer, int n_slots, int n_kv, int max_seq, int n_heads, int qkv_dim, __global float* out,
+                       int out_off, float score_scale, __global float* partial, int partial_off,
+                       __global int* counters, int counters_off, const int h, const int r, const int part,
+                       const int parts, __local float4* q, __local float4* k_new, __local float4* v_new,
+                       __local float* p, __local float* scratch, __local float4* pv, __local int* merging) {
+    const int lid = get_local_id(0);
     const int pos = positions[r], slot = slots[r], half_d = HD / 2, group = n_heads / n_kv, kv_head = h / group;
     const int first = part * PART, count = min(PART, pos + 1 - first);  // count <= 0: nothing to score
     const int q_at = qkv_off + r * qkv_dim + h * HD;
@@ -417,9 +443,9 @@ __kernel __attribute__((reqd_work_group_size(ATT_WG, 1, 1))) void attention_deco
     // Publish this partition, then count it; the last of the (row, head) merges all of them.
     DEVICE_FENCE();
     barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
-    if (lid == 0) merging = atomic_inc(counters + counters_off + row_head) == parts - 1;
+    if (lid == 0) *merging = atomic_inc(counters + counters_off + row_head) == parts - 1;
     barrier(CLK_LOCAL_MEM_FENCE);
-    if (!merging) return;
+    if (!*merging) return;
     DEVICE_FENCE();
     // Volatile reads go past the (non-coherent) L1 cache to where the other work-groups' writes landed.
     volatile __global const float* parts_at = partial + partial_off + row_head * parts * (HD + 2);
@@ -439,4 +465,50 @@ __kernel __attribute__((reqd_work_group_size(ATT_WG, 1, 1))) void attention_deco
     }
     if (lid == 0) counters[counters_off + row_head] = 0;  // ready for the next launch
 }
+
+__kernel __attribute__((reqd_work_group_size(ATT_WG, 1, 1))) void attention_decode_fused(
+    __global const float* qkv, int qkv_off, __global const int* slots, __global const int* positions,
+    __global const float* cos_t, int cos_off, __global const float* sin_t, int sin_off,
+    __global CACHE_T* k_cache, __global CACHE_T* v_cache, int layer, int n_slots, int n_kv, int max_seq,
+    int n_heads, int qkv_dim, __global float* out, int out_off, float score_scale,
+    __global float* partial, int partial_off, __global int* counters, int counters_off) {
+    DECODE_LOCALS
+    decode_row(qkv, qkv_off, slots, positions, cos_t, cos_off, sin_t, sin_off, k_cache, v_cache, layer, n_slots, n_kv,
+               max_seq, n_heads, qkv_dim, out, out_off, score_scale, partial, partial_off, counters, counters_off,
+               get_group_id(0), get_group_id(1), get_group_id(2), get_num_groups(2), DECODE_LOCAL_ARGS);
+}
+
+// -- a mixed step's attention in one launch ----------------------------------------------------------------
+// attention_mixed: a batch's decode rows (one new token each, as attention_decode_fused) and a prompt chunk of
+// at most PREFILL_STORES_ROWS_MAX rows (as attention_prefill, storing its own rows) in one launch. Both are
+// small, latency-bound kernels at a server's sizes (~13-15 us each per layer on the H200): side by side, their
+// work-groups overlap instead of running one launch after the other. The prompt's slot is none of the decode
+// rows' slots, so neither part reads what the other writes.
+// Built with -DHD, -DQB, -DKB and -DPART. Global size (ATT_WG * n_heads, blocks + rows, parts): y < blocks are
+// the prompt's row blocks (partition 0 only), the rest the decode rows; local (ATT_WG, 1, 1).
+#if defined(QB) && defined(KB)
+__kernel __attribute__((reqd_work_group_size(ATT_WG, 1, 1))) void attention_mixed(
+    __global const float* qkv, int qkv_off, __global const int* slots, __global const int* positions,
+    __global const float* cos_t, int cos_off, __global const float* sin_t, int sin_off,
+    __global CACHE_T* k_cache, __global CACHE_T* v_cache, int layer, int n_slots, int n_kv, int max_seq,
+    int n_heads, int qkv_dim, __global float* out, int out_off, float score_scale,
+    __global float* partial, int partial_off, __global int* counters, int counters_off,
+    __global const float* prompt_qkv, int prompt_qkv_off, __global const int* prompt_slots,
+    __global const int* prompt_positions, int prompt_rows, __global float* prompt_out, int prompt_out_off,
+    int blocks) {
+    DECODE_LOCALS
+    PREFILL_LOCALS
+    const int h = get_group_id(0), y = get_group_id(1), part = get_group_id(2);
+    if (y < blocks) {
+        if (part == 0)
+            prefill_block(prompt_qkv, prompt_qkv_off, prompt_slots, prompt_positions, cos_t, cos_off, sin_t, sin_off,
+                          k_cache, v_cache, layer, n_slots, n_kv, max_seq, prompt_rows, n_heads, qkv_dim, prompt_out,
+                          prompt_out_off, score_scale, 1, h, y, PREFILL_LOCAL_ARGS);
+    } else {
+        decode_row(qkv, qkv_off, slots, positions, cos_t, cos_off, sin_t, sin_off, k_cache, v_cache, layer, n_slots,
+                   n_kv, max_seq, n_heads, qkv_dim, out, out_off, score_scale, partial, partial_off, counters,
+                   counters_off, h, y - blocks, part, get_num_groups(2), DECODE_LOCAL_ARGS);
+    }
+}
+#endif
 #endif
