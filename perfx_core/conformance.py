@@ -689,6 +689,7 @@ def _cases(op: str) -> list[tuple[str, float, Body]]:
             _attention_case(op, (4, 1, 128), "float16", [0, 2], [50, 3], t_len=32, prompt=(1, 0)),
             _attention_case(op, (4, 2, 20), "float16", [1], [9], t_len=5, prompt=(2, 3)),  # not whole float4s
             _attention_case(op, (8, 2, 64), "float32", [2], [17], t_len=33, prompt=(0, 2)),  # past the one launch
+            _attention_case(op, (2, 1, 256), "float32", [3], [40], t_len=19, prompt=(0, 5)),  # wide heads
             # decode rows over several partitions next to a chunk
             _attention_case(op, (8, 2, 64), "float32", [1, 3], [700, 3], t_len=16, prompt=(0, 300), max_seq=720),
         ]

@@ -821,13 +821,14 @@ def test_warm_up_records_the_steps_a_server_runs(registry, smollm2_path, monkeyp
 
 
 def test_tiled_prefill_attention_with_small_tiles_conforms(registry, monkeypatch):
-    """Devices with little local memory (or head_dim 256 on 48 KB) run the prefill attention in 8-row tiles."""
+    """Devices with little local memory (or head_dim 256 on 48 KB) run the prefill attention in 8-row tiles,
+    also inside the mixed steps' one-launch attention."""
     from perfx_opencl import ops
 
     tiles = []
-    monkeypatch.setattr(ops, "_prefill_tile", lambda rt, hd: tiles.append(hd) or 8)
-    assert_backend_conforms("opencl", ops=["attention_prefill"])
-    assert tiles and 256 in tiles
+    monkeypatch.setattr(ops, "_prefill_tile", lambda rt, hd, beside=0: tiles.append((hd, beside)) or 8)
+    assert_backend_conforms("opencl", ops=["attention_prefill", "attention_mixed"])
+    assert (256, 0) in tiles and any(beside for _, beside in tiles)
 
 
 def test_recorded_mixed_steps_replay_exactly(registry, smollm2_path, monkeypatch):

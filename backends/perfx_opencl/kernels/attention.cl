@@ -198,15 +198,15 @@ inline float4 rope_k4(__global const float* x, __global const float* cos_p, __gl
     __local float row_scale[QB]; /* e^(old max - new max) of each row for this tile */
 #define PREFILL_LOCAL_ARGS qs, ks, vs, ps, row_scale
 
-// Query rows block * QB.. of head h (the work-group (h, block) of attention_prefill).
-inline void prefill_block(__global const float* qkv, int qkv_off, __global const int* slots,
-                          __global const int* positions, __global const float* cos_t, int cos_off,
-                          __global const float* sin_t, int sin_off, __global CACHE_T* k_cache,
-                          __global CACHE_T* v_cache, int layer, int n_slots, int n_kv, int max_seq, int rows,
-                          int n_heads, int qkv_dim, __global float* out, int out_off, float score_scale,
-                          int stores_rows, const int h, const int block, __local float (*qs)[HD + 1],
-                          __local float (*ks)[HD + 1], __local float (*vs)[HD], __local float (*ps)[KB + 1],
-                          __local float* row_scale) {
+// Query rows block * QB.. of head h (the work-group (h, block) of attention_prefill). Always inlined: called
+// with separate local arrays, the compiler then knows they do not overlap.
+inline __attribute__((always_inline)) void prefill_block(
+    __global const float* qkv, int qkv_off, __global const int* slots, __global const int* positions,
+    __global const float* cos_t, int cos_off, __global const float* sin_t, int sin_off, __global CACHE_T* k_cache,
+    __global CACHE_T* v_cache, int layer, int n_slots, int n_kv, int max_seq, int rows, int n_heads, int qkv_dim,
+    __global float* out, int out_off, float score_scale, int stores_rows, const int h, const int block,
+    __local float (*qs)[HD + 1], __local float (*ks)[HD + 1], __local float (*vs)[HD], __local float (*ps)[KB + 1],
+    __local float* row_scale) {
     const int lid = get_local_id(0), r0 = block * QB;
     // The first position read from qkv rather than the cache: none when store_kv stored the rows beforehand.
     const int kv_head = h / (n_heads / n_kv), half_d = HD / 2, start = stores_rows ? positions[0] : INT_MAX;
@@ -340,15 +340,16 @@ __kernel __attribute__((reqd_work_group_size(ATT_WG, 1, 1))) void attention_pref
     __local int merging;
 #define DECODE_LOCAL_ARGS q, k_new, v_new, p, scratch, pv, &merging
 
-// Partition `part` (of `parts`) of row r, head h (the work-group (h, r, part) of attention_decode_fused).
-inline void decode_row(__global const float* qkv, int qkv_off, __global const int* slots,
-                       __global const int* positions, __global const float* cos_t, int cos_off,
-                       __global const float* sin_t, int sin_off, __global CACHE_T* k_cache, __global CACHE_T* v_cache,
-                       int layer, int n_slots, int n_kv, int max_seq, int n_heads, int qkv_dim, __global float* out,
-                       int out_off, float score_scale, __global float* partial, int partial_off,
-                       __global int* counters, int counters_off, const int h, const int r, const int part,
-                       const int parts, __local float4* q, __local float4* k_new, __local float4* v_new,
-                       __local float* p, __local float* scratch, __local float4* pv, __local int* merging) {
+// Partition `part` (of `parts`) of row r, head h (the work-group (h, r, part) of attention_decode_fused);
+// always inlined, as prefill_block.
+inline __attribute__((always_inline)) void decode_row(
+    __global const float* qkv, int qkv_off, __global const int* slots, __global const int* positions,
+    __global const float* cos_t, int cos_off, __global const float* sin_t, int sin_off, __global CACHE_T* k_cache,
+    __global CACHE_T* v_cache, int layer, int n_slots, int n_kv, int max_seq, int n_heads, int qkv_dim,
+    __global float* out, int out_off, float score_scale, __global float* partial, int partial_off,
+    __global int* counters, int counters_off, const int h, const int r, const int part, const int parts,
+    __local float4* q, __local float4* k_new, __local float4* v_new, __local float* p, __local float* scratch,
+    __local float4* pv, __local int* merging) {
     const int lid = get_local_id(0);
     const int pos = positions[r], slot = slots[r], half_d = HD / 2, group = n_heads / n_kv, kv_head = h / group;
     const int first = part * PART, count = min(PART, pos + 1 - first);  // count <= 0: nothing to score
