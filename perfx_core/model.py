@@ -316,10 +316,10 @@ class LlamaModel:
                 if prompt_rows is None:
                     ops.attention_decode(qkv, self.cache, layer, slots_arr, pos_arr, self.rope, self.attention, out)
                 else:  # rows n.. are the prompt chunk's
+                    cache, rope, spec = self.cache, self.rope, self.attention
                     ops.attention_mixed(
-                        qkv, self.cache, layer, slots_arr, pos_arr, prompt_slot, prompt_start, self.rope,
-                        self.attention, out,
-                    )  # fmt: skip
+                        qkv, cache, layer, slots_arr, pos_arr, prompt_slot, prompt_start, rope, spec, out
+                    )
 
             ops.logits(self._forward(inputs["ids"], attend), self.output, logits)
             if on_device and pick == "argmax":

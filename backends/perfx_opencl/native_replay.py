@@ -144,7 +144,7 @@ class NativeReplayer:
             what = (
                 f"kernel {plan.names[at]} (launch {at + 1} of {len(plan.names)})" if at < len(plan.names) else "a flush"
             )
-            raise BackendError(f"OpenCL: replaying a decode step failed: {what} returned error {status}")
+            raise BackendError(f"OpenCL: replaying a recorded step failed: {what} returned error {status}")
 
 
 def enabled() -> bool:

@@ -668,7 +668,7 @@ class OpenCLRuntime(Runtime):
 
     def replay(self, graph: _Graph, inputs: dict[str, np.ndarray]) -> None:
         cl, queue = self.cl, self.queue
-        with check("replaying a decode step"):
+        with check("replaying a recorded step"):
             for key, (alloc, size) in graph.uploads:
                 host = np.array(inputs[key], dtype=np.int32, copy=True).reshape(-1)
                 if host.size != size:
