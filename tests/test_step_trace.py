@@ -47,7 +47,9 @@ def test_step_trace_records_each_step_and_its_text_sends(tmp_path, smollm2_path)
     steps = [json.loads(line) for line in trace.read_text().splitlines()]
     # 2 prompts, 6 tokens each: at least 6 steps, every one with all its parts timed.
     assert len(steps) >= 6
-    assert all({"total", "replay", "read", "take", "send", "gap", "sent"} <= set(step) for step in steps)
+    fields = {"total", "replay", "read", "take", "send", "gap", "sent", "start", "admitted", "submitted", "gc"}
+    assert all(fields <= set(step) for step in steps)
+    assert sum(step["submitted"] for step in steps) == 2 and sum(step["admitted"] for step in steps) == 2
     assert all(step["total"] > 0 and step["take"] >= 0 and step["send"] >= 0 for step in steps)
     sent = [step["sent"] for step in steps if step["sent"] is not None]
     assert len(sent) >= 6 and sent == sorted(sent)  # each step's text after the one before
