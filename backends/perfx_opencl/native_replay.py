@@ -89,30 +89,34 @@ class ReplayPlan:
         )
         self.native = native
 
-    def start(self, queue: Any, graph: Any) -> Replaying:
-        """Queue the launches on ``queue`` from a new thread; ``graph`` (whose launches these are) stays alive
-        until the returned replay is joined."""
-        self.native.start(self, queue)
-        return Replaying(self, graph)
-
-
-# Replays whose thread may still run, with their graphs (the kernels and the buffers they use): kept alive until
-# joined, even if the model drops its graphs or the runtime is closed meanwhile.
-_IN_FLIGHT: dict[int, tuple[ReplayPlan, Any]] = {}
-
-
-class Replaying:
-    """A started replay: ``join()`` waits for its thread (once)."""
-
-    def __init__(self, plan: ReplayPlan, graph: Any):
-        self.plan = plan
-        _IN_FLIGHT[id(self)] = (plan, graph)
+    def start(self, queue: Any, graph: Any) -> ReplayPlan:
+        """Queue the launches on ``queue`` from a new thread and return this plan, whose ``join()`` must follow;
+        ``graph`` (whose launches these are) stays alive until then."""
+        self.job.queue = queue.int_ptr
+        error = self.native.start_thread(ctypes.byref(self.job))
+        if error:
+            raise BackendError(f"OpenCL: could not start a thread to queue a replayed step (error {error})")
+        _IN_FLIGHT[id(self)] = graph
+        return self
 
     def join(self) -> None:
+        """Wait for the thread; a launch the driver refused raises BackendError naming it."""
         try:
-            self.plan.native.join(self.plan)
+            status = self.native.join_thread(ctypes.byref(self.job))
         finally:
             _IN_FLIGHT.pop(id(self), None)
+        if status:
+            at = self.job.failed_at
+            what = (
+                f"kernel {self.names[at]} (launch {at + 1} of {len(self.names)})" if at < len(self.names) else "a flush"
+            )
+            raise BackendError(f"OpenCL: replaying a recorded step failed: {what} returned error {status}")
+
+
+# The graphs of replays whose thread may still run (the kernels and the buffers they use), by plan: kept alive
+# until joined, even if the model drops its graphs or the runtime is closed meanwhile. (One plan is never in
+# flight twice: every use of the queue joins the replay first.)
+_IN_FLIGHT: dict[int, Any] = {}
 
 
 class NativeReplayer:
@@ -120,31 +124,14 @@ class NativeReplayer:
 
     def __init__(self, library: Path, enqueue_address: int, flush_address: int):
         # start holds the GIL (pthread_create is quick: no hand-off to another thread and back); join releases it.
-        self._start = ctypes.PyDLL(str(library)).perfx_replay_start
-        self._join = ctypes.CDLL(str(library)).perfx_replay_join
-        for function in (self._start, self._join):
+        self.start_thread = ctypes.PyDLL(str(library)).perfx_replay_start
+        self.join_thread = ctypes.CDLL(str(library)).perfx_replay_join
+        for function in (self.start_thread, self.join_thread):
             function.argtypes, function.restype = [ctypes.POINTER(_Job)], ctypes.c_int
         self.enqueue_address, self.flush_address = enqueue_address, flush_address
 
     def plan(self, launches: tuple) -> ReplayPlan:
         return ReplayPlan(self, launches)
-
-    def start(self, plan: ReplayPlan, queue: Any) -> None:
-        """Queue ``plan``'s launches on ``queue`` from a new thread; ``join(plan)`` must follow."""
-        plan.job.queue = queue.int_ptr
-        error = self._start(ctypes.byref(plan.job))
-        if error:
-            raise BackendError(f"OpenCL: could not start a thread to queue a replayed step (error {error})")
-
-    def join(self, plan: ReplayPlan) -> None:
-        """Wait for ``plan``'s thread; a launch the driver refused raises BackendError naming it."""
-        status = self._join(ctypes.byref(plan.job))
-        if status:
-            at = plan.job.failed_at
-            what = (
-                f"kernel {plan.names[at]} (launch {at + 1} of {len(plan.names)})" if at < len(plan.names) else "a flush"
-            )
-            raise BackendError(f"OpenCL: replaying a recorded step failed: {what} returned error {status}")
 
 
 def enabled() -> bool:

@@ -680,10 +680,8 @@ def attention_mixed(rt, qkv, cache, layer, slots, positions, slot, start, rope, 
         return
     decode_qkv, prompt_qkv = row_view(rt, qkv, 0, n), row_view(rt, qkv, n, t)
     decode_out, prompt_out = row_view(rt, out, 0, n), row_view(rt, out, n, t)
-    parts = decode_signature(positions)[0]
-    prompt_positions = np.arange(start, start + t, dtype=np.int32)
-    prompt_slots = rt.upload_ints(PROMPT_KEYS[0], np.full(t, slot, np.int32))
-    blocks = -(-t // tile)
+    parts, blocks = decode_signature(positions)[0], -(-t // tile)
+    prompt_slots, prompt_positions = _prompt_indices(slot, start, t)
     rt.launch(
         rt.kernel(
             "attention",
@@ -698,7 +696,7 @@ def attention_mixed(rt, qkv, cache, layer, slots, positions, slot, start, rope, 
         (ATT_WG, 1, 1),
         *_decode_arguments(rt, decode_qkv, cache, layer, slots, positions, rope, spec, decode_out, parts),
         prompt_qkv,
-        prompt_slots,
+        rt.upload_ints(PROMPT_KEYS[0], prompt_slots),
         rt.upload_ints(PROMPT_KEYS[1], prompt_positions),
         t,
         prompt_out,
@@ -730,12 +728,17 @@ PREFILL_STORES_ROWS_MAX = 32
 PROMPT_KEYS = ("prompt_slots", "prompt_positions")  # a prompt chunk's index uploads (LlamaModel's inputs)
 
 
+def _prompt_indices(slot: int, start: int, t: int) -> tuple[np.ndarray, np.ndarray]:
+    """The slots and positions of a prompt chunk's t rows (uploaded under PROMPT_KEYS)."""
+    return np.full(t, slot, np.int32), np.arange(start, start + t, dtype=np.int32)
+
+
 def attention_prefill(rt, qkv, cache, layer, slot, start, rope, spec, out):
     """The tiled kernel: each tile of K and V is read once per block of rows; up to PREFILL_STORES_ROWS_MAX rows
     it also stores their k and v, else store_kv first (a head_dim that is not a multiple of 4: store_kv, then
     the per-row kernel)."""
     t, hd = qkv.shape[0], spec.head_dim
-    slots, positions = np.full(t, slot, np.int32), np.arange(start, start + t, dtype=np.int32)
+    slots, positions = _prompt_indices(slot, start, t)
     if hd % 4:
         _attention(rt, qkv, cache, layer, slots, positions, rope, spec, out, PROMPT_KEYS)
         return

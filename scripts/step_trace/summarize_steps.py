@@ -21,15 +21,24 @@ def _ms(values: list[float]) -> str:
     return f"{1e3 * statistics.mean(values):.2f}/{1e3 * values[int(0.99 * (len(values) - 1))]:.2f}"
 
 
+def _send_pairs(steps: list[dict]) -> list[tuple[float, dict, dict]]:
+    """(gap between their sends, earlier step, later step) of consecutive steps that both sent text, with 12+
+    running in the later one."""
+    return [
+        (after["sent"] - before["sent"], before, after)
+        for before, after in itertools.pairwise(steps)
+        if before.get("sent") is not None and after.get("sent") is not None and after["running"] >= 12
+    ]
+
+
 def send_gaps(steps: list[dict]) -> None:
     """Gaps between the text sends of consecutive steps that both sent text, by (earlier kind -> later kind),
     with the later step's replay minus the earlier one's: with overlapped output a step's send follows its
     replay, so a longer replay delays that send by as much."""
     groups: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    for before, after in itertools.pairwise(steps):
-        if before.get("sent") is not None and after.get("sent") is not None and after["running"] >= 12:
-            key = (before["kind"] or "plain", after["kind"] or "plain")
-            groups.setdefault(key, []).append((after["sent"] - before["sent"], after["replay"] - before["replay"]))
+    for gap, before, after in _send_pairs(steps):
+        key = (before["kind"] or "plain", after["kind"] or "plain")
+        groups.setdefault(key, []).append((gap, after["replay"] - before["replay"]))
     if groups:
         print("send gaps with 12+ running (ms, mean/p99), and the change in replay time:")
     for (first, second), pairs in sorted(groups.items()):
@@ -43,11 +52,7 @@ def largest_gaps(steps: list[dict], count: int = 12) -> None:
     gap of a level: every running sequence sees each step's gap), with what happened between the two sends: the
     earlier step's text handling, wait for the device and row taking, then the admissions, submissions and
     replay of the later step, and the garbage collector's time in both."""
-    pairs = [
-        (after["sent"] - before["sent"], before, after)
-        for before, after in itertools.pairwise(steps)
-        if before.get("sent") is not None and after.get("sent") is not None and after["running"] >= 12
-    ]
+    pairs = _send_pairs(steps)
     if not pairs:
         return
     gaps = sorted(gap for gap, _, _ in pairs)
