@@ -7,6 +7,7 @@ run the same kernels as the server.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -409,19 +410,22 @@ def test_cli_errors_are_perfx_errors_before_loading(tmp_path):
             assert run.returncode == 2 and message in run.stderr, run.stderr
 
 
-def test_held_events_wake_the_loop_once_when_released():
-    """While the scheduler holds the post (handling a step's text), events queue up without waking the loop,
-    whose thread would otherwise take the GIL from the scheduler mid-step; the release wakes it once for all
-    of them, and a release with nothing pending wakes nobody."""
-    import asyncio
-
+def _counted_event_post():
+    """A new event loop, an _EventPost to it, and the list its wake-ups (call_soon_threadsafe) are counted in."""
     from perfx_core.serving.app import _EventPost
 
     loop = asyncio.new_event_loop()
     wake_ups = []
     real_call = loop.call_soon_threadsafe
     loop.call_soon_threadsafe = lambda *a: (wake_ups.append(1), real_call(*a))[1]
-    post = _EventPost(loop)
+    return loop, _EventPost(loop), wake_ups
+
+
+def test_held_events_wake_the_loop_once_when_released():
+    """While the scheduler holds the post (handling a step's text), events queue up without waking the loop,
+    whose thread would otherwise take the GIL from the scheduler mid-step; the release wakes it once for all
+    of them, and a release with nothing pending wakes nobody."""
+    loop, post, wake_ups = _counted_event_post()
     queues = [asyncio.Queue() for _ in range(16)]
     try:
         post.hold()
@@ -444,15 +448,7 @@ def test_held_events_wake_the_loop_once_when_released():
 def test_event_post_delivers_every_event_in_order_with_fewer_wake_ups():
     """The scheduler thread's tokens reach each request's queue in order, through one loop wake-up per burst
     instead of one per event; posting after the loop closed is silently dropped (nobody is listening)."""
-    import asyncio
-
-    from perfx_core.serving.app import _EventPost
-
-    loop = asyncio.new_event_loop()
-    wake_ups = []
-    real_call = loop.call_soon_threadsafe
-    loop.call_soon_threadsafe = lambda *a: (wake_ups.append(1), real_call(*a))[1]
-    post = _EventPost(loop)
+    loop, post, wake_ups = _counted_event_post()
     queues = [asyncio.Queue() for _ in range(4)]
 
     def scheduler_thread() -> None:
