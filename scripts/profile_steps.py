@@ -3,7 +3,8 @@ weights built on the machine), wall time per step next to the device time of eac
 
     python scripts/profile_steps.py --backend opencl [--prompts 25,512] [--batches 1,16] [--kv-dtype float16]
         [--pick argmax,sample]  # decode steps also draw with the default filters (temperature, top-k, top-p, min-p)
-        [--mixed 16]    # also mixed steps: each batch's decode rows plus a 16-token prompt chunk (the server's)
+        [--mixed 8,16]  # also mixed steps: each batch's decode rows plus a prompt chunk of each size (the server's)
+        [--position 2000]  # the decode rows' position (their context length), 100 unless given
 
 Wall time is the median of several steps, each ending with its results read back (as the server does). Device
 time per kernel comes from OpenCL profiling events over the same steps; wall minus device time is what the
@@ -62,11 +63,15 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=128, help="int4 group size (GGUF Q4_0's is 32)")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--pick", default="argmax", help="how decode steps pick: argmax, sample or both (comma)")
-    parser.add_argument("--mixed", type=int, default=0, help="prompt tokens of a mixed step per batch (0: none)")
+    parser.add_argument(
+        "--mixed", default="", help="prompt tokens of the mixed steps per batch (comma; none by default)"
+    )
+    parser.add_argument("--position", type=int, default=100, help="the decode rows' position in their sequence")
     parser.add_argument("--layers", type=int, help="fewer layers than Llama-2-7B's 32 (smoke runs)")
     args = parser.parse_args()
-    if not 0 <= args.mixed <= MIXED_PROMPT_ROWS:
-        parser.error(f"--mixed takes 0..{MIXED_PROMPT_ROWS} prompt tokens (a mixed step's most)")
+    mixed = [int(v) for v in args.mixed.split(",") if v]
+    if not all(1 <= m <= MIXED_PROMPT_ROWS for m in mixed):
+        parser.error(f"--mixed takes 1..{MIXED_PROMPT_ROWS} prompt tokens (a mixed step's most)")
     rt = get_registry().open_runtime(args.backend, args.device)
     prompts = [int(v) for v in args.prompts.split(",")]
     batches = [int(v) for v in args.batches.split(",")]
@@ -75,9 +80,9 @@ def main() -> None:
         config,
         random_llama_weights(config, group_size=args.group, seed=0),
         rt,
-        n_slots=max(batches) + (args.mixed > 0),
-        max_seq_len=1024,
-        prefill_chunk=max(*prompts, max(batches) + args.mixed),  # a mixed step's rows fit too
+        n_slots=max(batches) + bool(mixed),
+        max_seq_len=max(1024, args.position + 1),
+        prefill_chunk=max(*prompts, max(batches) + max(mixed, default=0)),  # a mixed step's rows fit too
         kv_dtype=args.kv_dtype,
     )
     rng = np.random.default_rng(0)
@@ -87,9 +92,9 @@ def main() -> None:
         row = measure(rt, lambda prompt=prompt: engine.prefill(prompt, slot=0), args.repeats)
         print(json.dumps({"step": "prefill", "tokens": length, **row}), flush=True)
     for batch in batches:
-        tokens, slots, positions = [1] * batch, list(range(batch)), [100] * batch
-        chunk = (list(rng.integers(0, config.vocab_size, args.mixed)), batch, 0) if args.mixed else None
-        kinds = [("decode", None)] + ([("mixed", chunk)] if chunk else [])
+        tokens, slots, positions = [1] * batch, list(range(batch)), [args.position] * batch
+        chunks = [(list(rng.integers(0, config.vocab_size, size)), batch, 0) for size in mixed]
+        kinds = [("decode", None)] + [("mixed", chunk) for chunk in chunks]
         for (kind, prompt), pick in itertools.product(
             kinds, args.pick.split(",")
         ):  # mixed: the same rows plus a prompt chunk into the next slot, one pass
@@ -100,7 +105,9 @@ def main() -> None:
 
             step()  # built and recorded
             row = measure(rt, step, args.repeats)
-            extra = {"prompt": args.mixed} if prompt else {}
+            extra = {"prompt": len(prompt[0])} if prompt else {}
+            if args.position != 100:
+                extra["position"] = args.position
             print(json.dumps({"step": kind, "batch": batch, **extra, "pick": pick, **row}), flush=True)
 
 
