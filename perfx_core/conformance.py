@@ -644,6 +644,7 @@ def _cases(op: str) -> list[tuple[str, float, Body]]:
             _linear_norm_case(5, ("int4", 576, 256, 128, "random"), 1e-6),
             _linear_norm_case(3, ("int4", 4097, 64, 64, "random"), 1e-5),
             _linear_norm_case(17, ("int4", 96, 128, 32, "rtn"), 1e-5),
+            _linear_norm_case(32, ("int4", 200, 256, 128, "random"), 1e-5),  # two 16-token groups on matrix units
             _linear_norm_case(2, ("dense", 129, 96, "float16"), 1e-5),
         ]
     if op in ("rmsnorm", "add_rmsnorm"):

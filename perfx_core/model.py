@@ -36,6 +36,9 @@ MAX_GRAPHS = 512  # recorded steps kept (decode batch sizes x picks and prefill 
 # one graph (a chunk recorded once per length would rarely be replayed). The padding rows are harmless:
 # rows never see later positions, and the cache positions they fill are written again before being read.
 PREFILL_GRAPH_ROUNDING = 16
+# A mixed step's prompt chunk is padded to a multiple of this instead: its rows share the step with the decode
+# rows, and batched matmuls take tokens in tiles of 8 (an 8-token chunk padded to 16 would add a tile).
+MIXED_GRAPH_ROUNDING = 8
 # A mixed step (decode rows plus a prompt chunk, LlamaModel.decode(prompt=...)) takes at most this many prompt
 # rows: its logits come out for every prompt row (so the recording does not depend on where the chunk's last
 # real token is), into buffers of n_slots + this many rows made on the first mixed step.
@@ -172,15 +175,17 @@ class LlamaModel:
             return np.concatenate(rows)
         return self._logits(self._rows("h", len(chunk) - 1, 1), 1)[0]
 
-    def _prompt_rows(self, chunk: np.ndarray, pos: int, room: int, recorded: bool) -> tuple[np.ndarray, Any]:
+    def _prompt_rows(
+        self, chunk: np.ndarray, pos: int, room: int, recorded: bool, rounding: int = PREFILL_GRAPH_ROUNDING
+    ) -> tuple[np.ndarray, Any]:
         """The rows a prompt chunk at positions pos.. takes in a step, and the step's graph signature (None: not
         recorded). On a runtime that captures graphs (and with ``recorded``) the chunk is padded to a multiple
-        of PREFILL_GRAPH_ROUNDING tokens (at most ``room`` rows and the context), so prompts of nearby lengths
-        replay one recording."""
+        of ``rounding`` tokens (at most ``room`` rows and the context), so prompts of nearby lengths replay one
+        recording."""
         if not recorded or self.rt.ops.profile is not None:  # profiling needs the ops' calls
             return chunk, None
         n = len(chunk)
-        padded = min(-(-n // PREFILL_GRAPH_ROUNDING) * PREFILL_GRAPH_ROUNDING, room, self.max_seq_len - pos)
+        padded = min(-(-n // rounding) * rounding, room, self.max_seq_len - pos)
         signature = self.rt.graph_signature(np.array([pos + padded - 1], dtype=np.int32))
         if signature is not None and padded > n:
             chunk = np.concatenate([chunk, np.zeros(padded - n, dtype=chunk.dtype)])  # token 0: any valid id
@@ -294,7 +299,9 @@ class LlamaModel:
         inputs = {"ids": ids, "slots": slots_arr, "positions": pos_arr}
         prompt_rows, rows, last = None, n, n - 1  # rows of the step; the last row picked
         if prompt is not None:
-            prompt_rows, prompt_signature = self._prompt_rows(prompt_ids, prompt_start, room, signature is not None)
+            prompt_rows, prompt_signature = self._prompt_rows(
+                prompt_ids, prompt_start, room, signature is not None, MIXED_GRAPH_ROUNDING
+            )
             rows, last = n + len(prompt_rows), n + len(prompt_ids) - 1
             # Each part's launches follow its own positions (the decode rows' attention partitions, the prompt's).
             signature = None if prompt_signature is None else (signature, prompt_signature)
@@ -378,16 +385,16 @@ class LlamaModel:
             self._graphs[key] = graph
             self.recordings += 1
 
-    def warm_up(self, mixed_steps: bool = False) -> None:
+    def warm_up(self, mixed_steps: bool = False, mixed_chunk: int = 2 * MIXED_GRAPH_ROUNDING) -> None:
         """Run the kernel variants a server uses once, so compiling them (an OpenCL build takes ~0.3 s) and
         recording their graphs happen now, not in the middle of serving requests: prefills of a full chunk and
         of 2, 3, 5, 9 and 17 tokens (one per token-count class of the matmul kernels), then decode at every
         batch size up to 32 and at powers of two beyond, up to n_slots, at a position of each graph signature
         the context can reach, each picking its tokens the three ways a server asks for (logits back, argmax,
         sampling): every such triple is its own recorded step; with ``mixed_steps``, where steps are recorded,
-        also mixed steps (decode rows + a prompt chunk of 16 rows) at each batch size and signature. The slots'
-        cache contents are garbage afterwards, which is harmless: a sequence writes every position before it
-        attends to it."""
+        also mixed steps (decode rows + a prompt chunk of up to ``mixed_chunk`` tokens, at each padded size such
+        a chunk can take) at each batch size and signature. The slots' cache contents are garbage afterwards,
+        which is harmless: a sequence writes every position before it attends to it."""
         chunk = min(self.prefill_chunk, self.max_seq_len)
         for length in sorted({chunk, *(n for n in (2, 3, 5, 9, 17) if n <= chunk)}):  # each token-count class
             self.prefill([0] * length, slot=0)
@@ -415,9 +422,14 @@ class LlamaModel:
                         self.decode([0] * batch, list(range(batch)), [position] * batch, prompt=prompt, **pick)
 
         each_step(batches, 2)
-        if mixed_steps and None not in positions and self.max_seq_len >= 16:  # (None: nothing is recorded here)
-            # Mixed steps: a new prompt's first chunk (16 rows) next to each batch size at each decode signature.
-            each_step([b for b in batches if b < self.n_slots and self.mixed_prompt_room(b) >= 16], 4, 16)
+        if mixed_steps and None not in positions:  # (None: nothing is recorded here)
+            # Mixed steps: a new prompt's chunk next to each batch size at each decode signature, at each padded size
+            # (multiples of MIXED_GRAPH_ROUNDING): a quarter of the store per size, at most half for all of them.
+            top = min(-(-mixed_chunk // MIXED_GRAPH_ROUNDING) * MIXED_GRAPH_ROUNDING, self.max_seq_len)
+            sizes = range(MIXED_GRAPH_ROUNDING, top + 1, MIXED_GRAPH_ROUNDING)
+            for rows in sizes:
+                fits = [b for b in batches if b < self.n_slots and self.mixed_prompt_room(b) >= rows]
+                each_step(fits, max(4, 2 * len(sizes)), rows)
 
     def _check_ids(self, tokens: Sequence[int]) -> np.ndarray:
         ids = np.asarray(tokens, dtype=np.int64)

@@ -282,6 +282,8 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
         value = getattr(args, flag)
         if value is not None:
             command.append(f"--{'' if value else 'no-'}{flag.replace('_', '-')}")
+    if args.mixed_chunk is not None:
+        command += ["--mixed-chunk", str(args.mixed_chunk)]
     env = {k: v for k, v in os.environ.items() if k != "PERFX_API_KEY"}
     process = subprocess.Popen(command, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -312,6 +314,7 @@ def main() -> int:
         default=None,
         help="--mixed-steps / --no-mixed-steps of the started server (default: the server's: on for GPUs)",
     )
+    parser.add_argument("--mixed-chunk", type=int, help="--mixed-chunk of the started server (default: the server's)")
     parser.add_argument(
         "--overlap-output",
         action=argparse.BooleanOptionalAction,

@@ -666,11 +666,12 @@ def test_matrix_unit_kernel_matches_float(registry, monkeypatch, matrix_units, n
         ops.mma_overrides.cache_clear()
 
 
-@pytest.mark.parametrize("n", [3, 16, 17])
+@pytest.mark.parametrize("n", [3, 16, 17, 32, 33])
 def test_linear_add_rmsnorm_on_matrix_units_is_one_launch(registry, monkeypatch, matrix_units, n):
-    """Up to MMA_ADD_NORM_N (16) tokens the mma kernel adds the residual and norms it itself (add_norm_tail.cl):
-    the reference's residual and normed rows, twice in a row (its counters are set back to zero for the next
-    launch), without an add_rmsnorm kernel; beyond 16, or with PERFX_OPENCL_NORM_FINISHERS=0, the two launches."""
+    """Up to MMA_ADD_NORM_N (32) tokens the mma kernel adds the residual and norms it itself (add_norm_tail.cl;
+    beyond 16 tokens in two groups of work-groups): the reference's residual and normed rows, twice in a row
+    (its counters are set back to zero for the next launch), without an add_rmsnorm kernel; beyond 32, or with
+    PERFX_OPENCL_NORM_FINISHERS=0, the two launches."""
     from perfx_opencl import ops
 
     from perfx_core import reference
@@ -700,6 +701,8 @@ def test_linear_add_rmsnorm_on_matrix_units_is_one_launch(registry, monkeypatch,
             built = {(key[1], dict(key[2]).get("ADD_NORM")) for key in rt._kernels}
             assert (("int4_mma", True) in built) == fused
             assert (("add_rmsnorm", None) in built) == (not fused)
+            tiles = {dict(key[2])["NT8"] for key in rt._kernels if dict(key[2]).get("ADD_NORM")}
+            assert tiles == (set() if not fused else {1} if n <= 8 else {2})  # 17-32: the 16-token shape
         finally:
             rt.close()
             ops._norm_finishers_cap.cache_clear()
@@ -832,10 +835,10 @@ def test_tiled_prefill_attention_with_small_tiles_conforms(registry, monkeypatch
 
 
 def test_recorded_mixed_steps_replay_exactly(registry, smollm2_path, monkeypatch):
-    """Mixed steps (decode rows + a prompt chunk) of 3, 7 and 12 prompt tokens share one recording (padded to
-    16 rows): a run that records then replays equals a run that only replays, and both match running every
-    op unpadded (to float rounding: the padded matmuls sum in another order). A step's attention is one
-    launch per layer (attention_mixed)."""
+    """Mixed steps (decode rows + a prompt chunk) of 3 and 7 prompt tokens share one recording (padded to 8
+    rows, MIXED_GRAPH_ROUNDING), 12 tokens pad to 16: a run that records then replays equals a run that only
+    replays, and both match running every op unpadded (to float rounding: the padded matmuls sum in another
+    order). A step's attention is one launch per layer (attention_mixed)."""
     from perfx_core.gguf_loader import load_llama_gguf
     from perfx_core.model import LlamaModel
 
@@ -862,9 +865,10 @@ def test_recorded_mixed_steps_replay_exactly(registry, smollm2_path, monkeypatch
         replay = rt.replay
         monkeypatch.setattr(rt, "replay", lambda graph, inputs: (replays.append(graph), replay(graph, inputs)))
         recorded = run("1")
-        assert len(replays) == 6 - 2  # one recording per pick (argmax, logits back) of 1 decode + 16 prompt rows
+        # Recorded: argmax and logits back next to 8 prompt rows (3 and 2 tokens), argmax next to 16 (12 tokens).
+        assert len(replays) == 6 - 3
         replayed = run("1", clear=False)
-        assert len(replays) == 4 + 1 + 6  # the prompt and every step
+        assert len(replays) == 3 + 1 + 6  # the prompt and every step
         # Each layer's decode and prompt attention is one attention_mixed launch.
         names = [name for _, _, _, name in replays[-1].launches]
         assert names.count("attention_mixed") == config.n_layers
@@ -876,9 +880,34 @@ def test_recorded_mixed_steps_replay_exactly(registry, smollm2_path, monkeypatch
         rt.close()
 
 
+def test_mixed_attention_is_two_launches_past_its_decode_limit(registry, smollm2_path, monkeypatch):
+    """A mixed step's attention is one attention_mixed launch while its decode rows x attention partitions stay
+    within MIXED_ATTENTION_MAX_GROUPS, else the decode and prefill kernels (at long contexts the mixed kernel's
+    local memory costs the decode rows more than the launch it saves)."""
+    from perfx_opencl import ops
+
+    from perfx_core.gguf_loader import load_llama_gguf
+    from perfx_core.model import LlamaModel
+
+    monkeypatch.setattr(ops, "MIXED_ATTENTION_MAX_GROUPS", 2)
+    config, weights, _ = load_llama_gguf(smollm2_path)
+    rt = registry.open_runtime("opencl")
+    try:
+        model = LlamaModel(config, weights, rt, n_slots=3, max_seq_len=256, prefill_chunk=32)
+        for positions, one_launch in (([5, 6], True), ([5, 200], False)):  # 1 partition each; 200 needs 4
+            model._graphs.clear()
+            model.decode([9, 9], [0, 1], positions, prompt=([1, 2, 3], 2, 0), argmax=True)
+            names = [name for graph in model._graphs.values() for *_, name in graph.launches]
+            assert names.count("attention_mixed") == (config.n_layers if one_launch else 0)
+            assert names.count("attention_decode_fused") == (0 if one_launch else config.n_layers)
+    finally:
+        rt.close()
+
+
 def test_warm_up_for_mixed_steps_records_them(registry, smollm2_path, monkeypatch):
-    """warm_up(mixed_steps=True) also records decode + 16-row prompt steps, so a server's mixed step with a
-    short prompt chunk replays instead of recording while others wait."""
+    """warm_up(mixed_steps=True) also records decode + prompt-chunk steps at each padded size a chunk of up to
+    mixed_chunk tokens takes (8 and 16 rows for 16 tokens), so a server's mixed step with a short prompt chunk
+    replays instead of recording while others wait."""
     from perfx_core.gguf_loader import load_llama_gguf
     from perfx_core.model import LlamaModel
 
@@ -886,15 +915,18 @@ def test_warm_up_for_mixed_steps_records_them(registry, smollm2_path, monkeypatc
     rt = registry.open_runtime("opencl")
     try:
         model = LlamaModel(config, weights, rt, n_slots=3, max_seq_len=100, prefill_chunk=32)
-        model.warm_up(mixed_steps=True)
-        assert {key[0] for key in model._graphs if isinstance(key[0], tuple)} == {("mixed", 1, 16), ("mixed", 2, 16)}
+        model.warm_up(mixed_steps=True, mixed_chunk=16)
+        mixed = {key[0] for key in model._graphs if isinstance(key[0], tuple)}
+        assert mixed == {("mixed", batch, rows) for batch in (1, 2) for rows in (8, 16)}
         replays = []
         replay = rt.replay
         monkeypatch.setattr(rt, "replay", lambda graph, inputs: (replays.append(graph), replay(graph, inputs)))
         before = len(model._graphs)
         model.decode([5, 6], [0, 1], [70, 3], prompt=([1, 2, 3, 4, 5], 2, 0), argmax=True)
         assert len(replays) == 1 and len(model._graphs) == before
-        LlamaModel(config, weights, rt, n_slots=2, max_seq_len=12, prefill_chunk=8).warm_up(mixed_steps=True)
+        small = LlamaModel(config, weights, rt, n_slots=2, max_seq_len=12, prefill_chunk=8)
+        small.warm_up(mixed_steps=True, mixed_chunk=8)  # 7 tokens of room next to a decode row: no padded size fits
+        assert not [key for key in small._graphs if isinstance(key[0], tuple)] and small._graphs
     finally:
         rt.close()
 

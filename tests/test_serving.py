@@ -398,6 +398,7 @@ def test_cli_errors_are_perfx_errors_before_loading(tmp_path):
             (["--port", str(port)], "cannot listen on"),
             ([str(tmp_path / "missing.gguf")], "does not exist"),
             (["--max-running", "0"], "max-running must be"),
+            (["--mixed-chunk", "0"], "mixed-chunk must be"),
         ]
         for options, message in cases:
             run = subprocess.run(

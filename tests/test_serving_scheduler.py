@@ -105,6 +105,21 @@ def test_long_prompt_is_prefilled_in_chunks_between_decode_steps(mixed, overlap)
     assert "".join(e.text for e in short.events[:-1]) == "f" * 12
 
 
+def test_mixed_chunk_caps_the_prompt_tokens_of_a_mixed_step():
+    """With mixed_chunk below prefill_chunk a mixed step takes mixed_chunk prompt tokens (the rows every decoding
+    sequence waits for), while a prefill on its own still takes prefill_chunk."""
+    engine = FakeEngine(n_slots=2)
+    scheduler = Scheduler(engine, FakeTokenizer(), max_queue=4, prefill_chunk=8, mixed_steps=True, mixed_chunk=3)
+    short, long = Collector(), Collector()
+    scheduler.submit(_request(3, 12, short))
+    scheduler.submit(_request(10, 3, long))
+    run_until_done(scheduler, short, long)
+    prompt_calls = [c for c in engine.calls if c[0] == "mixed" or c[0] == "prefill"]
+    assert prompt_calls[0] == ("prefill", 0, 0, 3)
+    assert [c[4:] for c in prompt_calls[1:]] == [(0, 3), (3, 3), (6, 3), (9, 1)]  # (start, tokens) per mixed step
+    assert long.events[-1] == Finished("length", 10, 3)
+
+
 def test_mixed_steps_keep_seeded_draws_and_never_starve_a_prompt():
     """A seeded request draws the same tokens whether its prompt chunks ride in mixed steps or not (a chunk
     whose row is discarded must not advance its sampler); with room for fewer than a mixed chunk's tokens

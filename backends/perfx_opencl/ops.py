@@ -49,10 +49,13 @@ MMA_WARPS_PER_CU = ((16, 16), (64, 8), (None, 30))  # (up to n tokens, warps per
 # linear_add_rmsnorm of up to this many tokens on the matrix units finishes in the matmul's launch
 # (kernels/add_norm_tail.cl): batched decode steps, where the separate add_rmsnorm launch cost more than its
 # work (~10 us of device time per launch on the H200, 64 launches per step for a 7B). H200, GGUF Q4_0 7B, a
-# batch-16 step: 4.93 vs 5.28 ms of device time. Not beyond 16: with three or four token tiles the build with
-# the tail got fewer registers (90 vs 104 at four) and a slower matmul, and a 32-row mixed step took 7.35-7.40
-# vs 6.83 ms (docs/opencl.md, session 8).
-MMA_ADD_NORM_N = 16
+# batch-16 step: 4.93 vs 5.28 ms of device time. With three or four token tiles the build with the tail got
+# fewer registers (90 vs 104 at four) and a slower matmul (docs/opencl.md, session 8), so 17-32 tokens run the
+# 16-token shape (two token tiles per warp) in two groups of work-groups, which read W twice (the second mostly
+# from L2). H200, 7B mixed steps, device ms, separate launch / tail with 3-4 tiles / tail with 2 (session 10):
+# 31 rows 6.24 / 6.99 / 6.07; 23 rows 5.90 / 6.11 / 5.88.
+MMA_ADD_NORM_N = 32
+MMA_ADD_NORM_SHAPE_N = 16  # the token count whose shape the tail's launches take
 DENSE_SMALL_N = 4  # the dense GEMV re-reads W per token, so it only pays for very small batches
 # The GEMV's shape (docs/opencl.md): RW row lanes x KS k-splits, CR columns per thread, UC chunks in flight,
 # XS shared chunk sums, QX quantized activations with integer dot products (on by default where native).
@@ -336,6 +339,8 @@ def _mma_config(
     ``silu`` each row tile comes with its up tile, so MT is halved: the same work per warp as a plain matmul
     over both halves."""
     m = 2 * rows if silu else rows
+    if add_norm:
+        n = min(n, MMA_ADD_NORM_SHAPE_N)  # MMA_ADD_NORM_N: its launches keep two token tiles per warp
     if n <= 16:
         config = {"MT": 2, "NT8": 1 if n <= 8 else 2}
     else:  # three token tiles up to 24 tokens (the session-7 sweep: 3-17% faster there than four)
@@ -665,14 +670,29 @@ def _decode_arguments(rt, qkv, cache, layer, slots, positions, rope, spec, out, 
     )
 
 
+# attention_mixed's one launch pays while the decode rows' attention is short. Each of its work-groups reserves
+# both parts' local memory (~31 KB at head_dim 128), so an SM holds fewer decode work-groups than the decode
+# kernel alone gets: the launch it saves stops paying for that once there are many of them. H200, 7B, a mixed
+# step's attention with a 16-row chunk, one launch vs two (docs/opencl.md, session 10), by decode rows x
+# partitions: 32 (16 rows at position 100) 1.06 vs 1.40 ms; 128 (16 rows at 400; 4 at 2000) 2.97 vs 3.13 and
+# 3.83 vs 3.96; 256 (16 rows at 800) 5.47 vs 5.35; 512 (16 rows at 2000) 12.6 vs 11.8.
+MIXED_ATTENTION_MAX_GROUPS = 128  # decode rows x attention partitions (per head) up to which it is one launch
+
+
 def attention_mixed(rt, qkv, cache, layer, slots, positions, slot, start, rope, spec, out):
     """A mixed step's attention: decode rows 0..n-1 and a prompt chunk in rows n.. in one launch (kernel
-    attention_mixed) where the chunk stores its own rows (up to PREFILL_STORES_ROWS_MAX), else the two ops.
-    H200, 7B, a batch-16 step with a 16-row chunk: see docs/opencl.md (session 9)."""
+    attention_mixed) where the chunk stores its own rows (up to PREFILL_STORES_ROWS_MAX) and the decode rows'
+    attention is short (MIXED_ATTENTION_MAX_GROUPS), else the two ops."""
     n, hd = len(positions), spec.head_dim
     t = qkv.shape[0] - n
+    parts = decode_signature(positions)[0] if n else 0
     tile = None
-    if hd % 4 == 0 and rt.fused_tails and n and 0 < t <= PREFILL_STORES_ROWS_MAX:
+    if (
+        hd % 4 == 0
+        and rt.fused_tails
+        and 0 < n * parts <= MIXED_ATTENTION_MAX_GROUPS
+        and 0 < t <= PREFILL_STORES_ROWS_MAX
+    ):
         with contextlib.suppress(BackendError):  # the two parts' local arrays side by side must fit
             tile = _prefill_tile(rt, hd, _decode_local_bytes(hd))
     if tile is None:
@@ -680,7 +700,7 @@ def attention_mixed(rt, qkv, cache, layer, slots, positions, slot, start, rope, 
         return
     decode_qkv, prompt_qkv = row_view(rt, qkv, 0, n), row_view(rt, qkv, n, t)
     decode_out, prompt_out = row_view(rt, out, 0, n), row_view(rt, out, n, t)
-    parts, blocks = decode_signature(positions)[0], -(-t // tile)
+    blocks = -(-t // tile)
     prompt_slots, prompt_positions = _prompt_indices(slot, start, t)
     rt.launch(
         rt.kernel(

@@ -92,7 +92,7 @@ class ServerState:
             on_gpu = model.engine.rt.device.kind == "gpu"
             mixed_steps = c.mixed_steps if c.mixed_steps is not None else on_gpu
             # Kernels compile and steps are recorded now (/health still 503), not while requests wait.
-            model.engine.warm_up(mixed_steps=mixed_steps)
+            model.engine.warm_up(mixed_steps=mixed_steps, mixed_chunk=c.mixed_chunk)
             scheduler = Scheduler(
                 model.engine,
                 model.tokenizer,
@@ -100,6 +100,7 @@ class ServerState:
                 prefill_chunk=c.prefill_chunk,
                 metrics=self.metrics,
                 mixed_steps=mixed_steps,
+                mixed_chunk=c.mixed_chunk,
                 overlap_output=c.overlap_output if c.overlap_output is not None else on_gpu,
                 hold_events=self.held_events,
             )

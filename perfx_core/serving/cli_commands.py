@@ -9,7 +9,7 @@ import socket
 import sys
 
 from ..errors import InvalidArgumentError
-from .config import DEFAULT_MAX_BODY_BYTES, ServeError, ServerConfig
+from .config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MIXED_CHUNK, ServeError, ServerConfig
 
 SWITCH_INTERVAL_S = 0.001  # the GIL switch interval of a serving process (see cmd_serve)
 
@@ -32,8 +32,15 @@ def add_commands(subparsers) -> None:
         "--mixed-steps",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="run prompt chunks (16 tokens per step) in the same forward pass as the decode rows "
+        help="run prompt chunks in the same forward pass as the decode rows "
         "(default: on for a GPU device, off on a CPU; docs/serving.md has the measurements)",
+    )
+    serve.add_argument(
+        "--mixed-chunk",
+        type=int,
+        default=DEFAULT_MIXED_CHUNK,
+        help=f"prompt tokens per mixed step, at most (default {DEFAULT_MIXED_CHUNK}: a larger chunk gives sooner first "
+        "tokens and longer pauses to the sequences decoding meanwhile)",
     )
     serve.add_argument(
         "--overlap-output",
@@ -73,6 +80,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         prefill_chunk=args.prefill_chunk,
         mixed_steps=args.mixed_steps,
+        mixed_chunk=args.mixed_chunk,
         overlap_output=args.overlap_output,
         api_key=args.api_key,
         max_body_bytes=args.max_body_bytes,

@@ -8,6 +8,7 @@ from pathlib import Path
 from ..errors import InvalidArgumentError, PerfxError
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
+DEFAULT_MIXED_CHUNK = 16
 
 
 class ServeError(PerfxError):
@@ -26,6 +27,11 @@ class ServerConfig:
     # A prompt chunk in the decode step's forward pass; None: on where the device is a GPU, off on CPUs
     # (docs/serving.md: it paid on the H200, and cost throughput and first tokens on a CPU).
     mixed_steps: bool | None = None
+    # Prompt tokens per mixed step, at most. Its rows are padded to whole tiles of 8 (model.MIXED_GRAPH_ROUNDING),
+    # and every decoding sequence waits for the whole step (H200, 7B, ms of device time: 15 decode rows alone
+    # 4.93, with an 8-token chunk 5.88, with 16 6.21). 8 instead of 16 took the c16 client p99 from 7.6 and 7.3
+    # to 7.5 and 6.9 ms but output tokens/s down 14%: twice the mixed steps (docs/serving.md, session 10).
+    mixed_chunk: int = DEFAULT_MIXED_CHUNK
     # A step's text (detokenizing, stop strings, events) handled while the device runs the next step; None: on
     # where the device is a GPU (a CPU backend computes while queueing, so there is nothing to overlap).
     overlap_output: bool | None = None
@@ -33,7 +39,7 @@ class ServerConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
     def __post_init__(self) -> None:
-        for name in ("max_running", "prefill_chunk", "max_body_bytes"):
+        for name in ("max_running", "prefill_chunk", "mixed_chunk", "max_body_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise InvalidArgumentError(f"{name.replace('_', '-')} must be an integer >= 1; got {value!r}")

@@ -2,9 +2,9 @@
 
 Each KV-cache slot holds one running sequence. Every iteration the scheduler drops cancelled requests, admits
 waiting ones into free slots, prefills at most one chunk of one prompt, then runs ONE decode step
-(``engine.queue_decode``) for every sequence that has a token to feed. With ``mixed_steps`` the chunk
-(MIXED_CHUNK tokens) rides in that decode's forward pass instead when something is decoding and the engine has
-room for it. Results go back through each request's thread-safe ``emit`` callback.
+(``engine.queue_decode``) for every sequence that has a token to feed. With ``mixed_steps`` the chunk (at most
+``mixed_chunk`` tokens) rides in that decode's forward pass instead when something is decoding and the engine
+has room for it. Results go back through each request's thread-safe ``emit`` callback.
 
 A step's tokens are taken in two parts: first what the next step needs (the token, and whether an end-of-sequence
 token or max_tokens ends the sequence), then the text (detokenizing, stop strings, events, latency metrics).
@@ -28,6 +28,7 @@ import numpy as np
 
 from ..generation import StreamingText, take_token
 from ..sampling import Sampler, SamplingParams
+from .config import DEFAULT_MIXED_CHUNK
 
 if TYPE_CHECKING:
     from ..model import LlamaModel
@@ -35,12 +36,6 @@ if TYPE_CHECKING:
     from .metrics import ServerMetrics
 
 log = logging.getLogger("perfx.serving")
-
-
-# Prompt tokens per mixed step: a step's cost grows with its rows, and the sequences decoding wait for the whole
-# step (H200, 7B, in a server: ~14 decode rows 6.6 ms; with a 16-token chunk 8.5 ms; with whole 25-token prompts
-# padded to 32 rows it was 11-12 ms).
-MIXED_CHUNK = 16
 
 
 class QueueFullError(Exception):
@@ -119,6 +114,7 @@ class Scheduler:
         prefill_chunk: int,
         metrics: ServerMetrics | None = None,
         mixed_steps: bool = False,
+        mixed_chunk: int = DEFAULT_MIXED_CHUNK,
         overlap_output: bool = False,
         hold_events: Callable[[], AbstractContextManager[None]] = nullcontext,
     ):
@@ -129,6 +125,9 @@ class Scheduler:
         self.metrics = metrics
         # A prompt chunk rides along with the decode rows in one forward pass (engine.mixed_prompt_room).
         self.mixed_steps = mixed_steps
+        # Its most prompt tokens: the sequences decoding wait for the whole step, whose cost grows with its rows
+        # (ServerConfig.mixed_chunk).
+        self.mixed_chunk = mixed_chunk
         # A step's text is handled while the device runs the next step (module docstring).
         self.overlap_output = overlap_output
         # Entered around each handling of text: emitted events may wait in it, so whoever receives them is woken
@@ -260,7 +259,7 @@ class Scheduler:
             # Only with room for a full mixed chunk (or the prompt's rest): a few tokens per step would starve it.
             room = engine.mixed_prompt_room(len(batch))
             remaining = len(prefilling.request.prompt_ids) - prefilling.prefilled
-            if room >= min(MIXED_CHUNK, remaining):
+            if room >= min(self.mixed_chunk, remaining):
                 return self._queue_mixed_step(prefilling, batch, room)
         if prefilling is not None:
             # One chunk per iteration, so sequences already decoding wait at most one chunk for their next token.
@@ -297,7 +296,7 @@ class Scheduler:
         """One forward pass for the decode rows and the next chunk (at most ``room`` tokens) of a prompt: the
         sequences decoding wait for one pass, not a prefill and then a decode (LlamaModel.decode(prompt=...))."""
         prompt = prefilling.request.prompt_ids
-        chunk = prompt[prefilling.prefilled : prefilling.prefilled + min(self.prefill_chunk, room, MIXED_CHUNK)]
+        chunk = prompt[prefilling.prefilled : prefilling.prefilled + min(self.prefill_chunk, room, self.mixed_chunk)]
         if prefilling.prefilled + len(chunk) == len(prompt):  # its row gives the sequence's first token
             picks = self._picks([*batch, prefilling])
         else:  # its row is not used: a stand-in row, so its sampler's stream does not advance
