@@ -401,8 +401,9 @@ class LlamaModel:
         batches = {*range(1, min(self.n_slots, 32) + 1), *(1 << p for p in range(self.n_slots.bit_length()))}
         batches = sorted(b for b in batches | {self.n_slots} if b <= self.n_slots)
         # One position per signature (backends round attention partition counts to powers of two or 1.5 times
-        # them, so the bounds of those buckets meet every signature), as many as fit half the graph store (the
-        # rest is for prompts and what the warm-up cannot foresee).
+        # them, so the bounds of those buckets meet every signature), as many as fit the step's share of the graph
+        # store: half for decode steps, then what is left but an eighth for mixed steps. The prefills above stay
+        # (the store drops its oldest recordings first), and an eighth is left for what the warm-up cannot foresee.
         positions: dict = {}
         bounds = {(1 << i) - 1 for i in range(self.max_seq_len.bit_length())}  # last positions of power-of-two
         bounds |= {3 * (1 << i) - 1 for i in range(self.max_seq_len.bit_length())}  # and 1.5x power-of-two buckets
@@ -410,26 +411,31 @@ class LlamaModel:
             positions.setdefault(self.rt.graph_signature(np.array([p], dtype=np.int32)), p)
         sample_row = engine_params(1.0, 0.0, 0, 0)[None, :]
 
-        def each_step(batches: list[int], store_share: int, prompt_rows: int = 0) -> None:
-            """Decode at each batch size, position and pick, as many positions as fit 1/store_share of the
-            graph store; with ``prompt_rows``, next to a new prompt's first chunk in slot ``batch``."""
-            budget = max(1, MAX_GRAPHS // store_share // max(1, len(batches) * 3))
-            for position in sorted(positions.values())[:budget]:
+        def each_step(batches: list[int], graphs: int, prompt_rows: int = 0) -> None:
+            """Decode at each batch size and pick, position by position, while the three picks' recordings fit
+            within ``graphs``; with ``prompt_rows``, next to a new prompt's chunk in slot ``batch``."""
+            for position in sorted(positions.values()):
                 for batch in batches:
+                    if graphs < 3:
+                        return
+                    graphs -= 3
                     prompt = ([0] * prompt_rows, batch, 0) if prompt_rows else None
                     sampling = np.repeat(sample_row, batch + bool(prompt_rows), axis=0)
                     for pick in ({}, {"argmax": True}, {"sampling": sampling}):
                         self.decode([0] * batch, list(range(batch)), [position] * batch, prompt=prompt, **pick)
 
-        each_step(batches, 2)
+        each_step(batches, max(3 * len(batches), MAX_GRAPHS // 2))  # at least one position
         if mixed_steps and None not in positions:  # (None: nothing is recorded here)
             # Mixed steps: a new prompt's chunk next to each batch size at each decode signature, at each padded size
-            # (multiples of MIXED_GRAPH_ROUNDING): a quarter of the store per size, at most half for all of them.
-            top = min(-(-mixed_chunk // MIXED_GRAPH_ROUNDING) * MIXED_GRAPH_ROUNDING, self.max_seq_len)
-            sizes = range(MIXED_GRAPH_ROUNDING, top + 1, MIXED_GRAPH_ROUNDING)
+            # (multiples of MIXED_GRAPH_ROUNDING) a chunk the scheduler cuts (at most mixed_chunk, prefill_chunk and
+            # MIXED_PROMPT_ROWS tokens) can take, the sizes sharing the store's room equally.
+            most = min(mixed_chunk, self.prefill_chunk, MIXED_PROMPT_ROWS, self.max_seq_len)
+            sizes = range(MIXED_GRAPH_ROUNDING, most + MIXED_GRAPH_ROUNDING, MIXED_GRAPH_ROUNDING)
+            room = MAX_GRAPHS - len(self._graphs) - MAX_GRAPHS // 8
             for rows in sizes:
+                rows = min(rows, self.max_seq_len)
                 fits = [b for b in batches if b < self.n_slots and self.mixed_prompt_room(b) >= rows]
-                each_step(fits, max(4, 2 * len(sizes)), rows)
+                each_step(fits, room // len(sizes), rows)
 
     def _check_ids(self, tokens: Sequence[int]) -> np.ndarray:
         ids = np.asarray(tokens, dtype=np.int64)

@@ -907,7 +907,8 @@ def test_mixed_attention_is_two_launches_past_its_decode_limit(registry, smollm2
 def test_warm_up_for_mixed_steps_records_them(registry, smollm2_path, monkeypatch):
     """warm_up(mixed_steps=True) also records decode + prompt-chunk steps at each padded size a chunk of up to
     mixed_chunk tokens takes (8 and 16 rows for 16 tokens), so a server's mixed step with a short prompt chunk
-    replays instead of recording while others wait."""
+    replays instead of recording while others wait; within its share of the graph store."""
+    from perfx_core import model as model_module
     from perfx_core.gguf_loader import load_llama_gguf
     from perfx_core.model import LlamaModel
 
@@ -924,6 +925,12 @@ def test_warm_up_for_mixed_steps_records_them(registry, smollm2_path, monkeypatc
         before = len(model._graphs)
         model.decode([5, 6], [0, 1], [70, 3], prompt=([1, 2, 3, 4, 5], 2, 0), argmax=True)
         assert len(replays) == 1 and len(model._graphs) == before
+        # A small graph store: the warm-up keeps to its share and never drops the prefills it recorded first.
+        monkeypatch.setattr(model_module, "MAX_GRAPHS", 40)
+        model._graphs.clear()
+        model.warm_up(mixed_steps=True, mixed_chunk=64)
+        assert len(model._graphs) <= 40 - 40 // 8
+        assert sum(key[0] == "prefill" for key in model._graphs) == 2  # its prompts, padded to 16 and 32 rows
         small = LlamaModel(config, weights, rt, n_slots=2, max_seq_len=12, prefill_chunk=8)
         small.warm_up(mixed_steps=True, mixed_chunk=8)  # 7 tokens of room next to a decode row: no padded size fits
         assert not [key for key in small._graphs if isinstance(key[0], tuple)] and small._graphs

@@ -329,13 +329,14 @@ def test_client_disconnect_cancels_and_frees_the_slot(server):
 
 
 @pytest.mark.parametrize(
-    "flags", [("--mixed-steps",), ("--no-mixed-steps",), (), ("--mixed-steps", "--overlap-output")]
+    "flags",
+    [("--mixed-steps",), ("--no-mixed-steps",), (), ("--mixed-steps", "--overlap-output", "--mixed-chunk", "2")],
 )
 def test_prompts_joining_a_decode_give_the_greedy_text(greedy, flags):
     """With mixed steps the prompts of requests arriving while another decodes ride in its decode steps (metric
-    kind "mixed"); without, they are prefilled between them (the default on a CPU, as here: no flags). With
-    overlapped output (the default on a GPU) each step's text is sent while the next step runs. Every request
-    gets generate()'s greedy text either way."""
+    kind "mixed"), --mixed-chunk 2 tokens at a time; without, they are prefilled between them (the default on a
+    CPU, as here: no flags). With overlapped output (the default on a GPU) each step's text is sent while the
+    next step runs. Every request gets generate()'s greedy text either way."""
     server = Server("--max-running", "3", *flags).wait_ready()
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
     try:
@@ -367,7 +368,10 @@ def test_prompts_joining_a_decode_give_the_greedy_text(greedy, flags):
         list(first)
         assert texts == {0: greedy["completion"], 1: greedy["completion"]}
         mixed = server.metrics().get('perfx_engine_step_seconds_count{kind="mixed"}', 0)
-        assert mixed >= 1 if "--mixed-steps" in flags else mixed == 0
+        if "--mixed-chunk" in flags:  # each of the two joining prompts in chunks of 2 tokens
+            assert mixed >= 2 * -(-PROMPT_TOKENS // 2)
+        else:
+            assert mixed >= 1 if "--mixed-steps" in flags else mixed == 0
     finally:
         server.stop()
 
@@ -399,6 +403,7 @@ def test_cli_errors_are_perfx_errors_before_loading(tmp_path):
             ([str(tmp_path / "missing.gguf")], "does not exist"),
             (["--max-running", "0"], "max-running must be"),
             (["--mixed-chunk", "0"], "mixed-chunk must be"),
+            (["--mixed-chunk", "65"], "mixed-chunk must be at most 64"),
         ]
         for options, message in cases:
             run = subprocess.run(

@@ -39,8 +39,8 @@ def add_commands(subparsers) -> None:
         "--mixed-chunk",
         type=int,
         default=DEFAULT_MIXED_CHUNK,
-        help=f"prompt tokens per mixed step, at most (default {DEFAULT_MIXED_CHUNK}: a larger chunk gives sooner first "
-        "tokens and longer pauses to the sequences decoding meanwhile)",
+        help=f"prompt tokens per mixed step, at most, up to 64 (default {DEFAULT_MIXED_CHUNK}); a step's rows are "
+        "padded to a multiple of 8. Larger: sooner first tokens, longer pauses for the sequences decoding meanwhile",
     )
     serve.add_argument(
         "--overlap-output",

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InvalidArgumentError, PerfxError
+from ..model import MIXED_PROMPT_ROWS
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 DEFAULT_MIXED_CHUNK = 16
@@ -43,6 +44,11 @@ class ServerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise InvalidArgumentError(f"{name.replace('_', '-')} must be an integer >= 1; got {value!r}")
+        if self.mixed_chunk > MIXED_PROMPT_ROWS:
+            raise InvalidArgumentError(
+                f"mixed-chunk must be at most {MIXED_PROMPT_ROWS} (a mixed step's most prompt rows); "
+                f"got {self.mixed_chunk}"
+            )
         if not isinstance(self.max_queue, int) or self.max_queue < 0:
             raise InvalidArgumentError(f"max-queue must be an integer >= 0; got {self.max_queue!r}")
         if self.context_length is not None and self.context_length < 2:

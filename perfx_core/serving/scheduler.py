@@ -259,7 +259,7 @@ class Scheduler:
             # Only with room for a full mixed chunk (or the prompt's rest): a few tokens per step would starve it.
             room = engine.mixed_prompt_room(len(batch))
             remaining = len(prefilling.request.prompt_ids) - prefilling.prefilled
-            if room >= min(self.mixed_chunk, remaining):
+            if room >= min(self.mixed_chunk, self.prefill_chunk, remaining):
                 return self._queue_mixed_step(prefilling, batch, room)
         if prefilling is not None:
             # One chunk per iteration, so sequences already decoding wait at most one chunk for their next token.
