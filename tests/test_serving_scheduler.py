@@ -107,26 +107,28 @@ def test_long_prompt_is_prefilled_in_chunks_between_decode_steps(mixed, overlap)
 
 def test_mixed_chunk_caps_the_prompt_tokens_of_a_mixed_step():
     """With mixed_chunk below prefill_chunk a mixed step takes mixed_chunk prompt tokens (the rows every decoding
-    sequence waits for), while a prefill on its own still takes prefill_chunk. Room for a mixed chunk (4 tokens
-    here) is enough: it need not fit a whole prefill chunk."""
-    engine = FakeEngine(n_slots=2, mixed_room=4)
-    scheduler = Scheduler(engine, FakeTokenizer(), max_queue=4, prefill_chunk=8, mixed_steps=True, mixed_chunk=3)
-    short, long = Collector(), Collector()
-    scheduler.submit(_request(3, 12, short))
-    scheduler.submit(_request(10, 3, long))
-    run_until_done(scheduler, short, long)
-    prompt_calls = [c for c in engine.calls if c[0] == "mixed" or c[0] == "prefill"]
-    assert prompt_calls[0] == ("prefill", 0, 0, 3)
-    assert [c[4:] for c in prompt_calls[1:]] == [(0, 3), (3, 3), (6, 3), (9, 1)]  # (start, tokens) per mixed step
-    assert long.events[-1] == Finished("length", 10, 3)
-    # A prefill_chunk below mixed_chunk caps a mixed step too, and room for it is enough.
-    engine = FakeEngine(n_slots=2, mixed_room=3)
-    scheduler = Scheduler(engine, FakeTokenizer(), max_queue=4, prefill_chunk=2, mixed_steps=True, mixed_chunk=16)
-    short, long = Collector(), Collector()
-    scheduler.submit(_request(2, 12, short))
-    scheduler.submit(_request(6, 3, long))
-    run_until_done(scheduler, short, long)
-    assert [c[4:] for c in engine.calls if c[0] == "mixed"] == [(0, 2), (2, 2), (4, 2)]
+    sequence waits for), while a prefill on its own still takes prefill_chunk; a prefill_chunk below mixed_chunk
+    caps a mixed step too. Room for that many tokens is enough: it need not fit the larger of the two."""
+
+    def prompt_steps(room: int, prefill_chunk: int, mixed_chunk: int) -> list[tuple]:
+        """A 3-token prompt, then a 10-token one joining its decode: the prefill and mixed calls."""
+        engine = FakeEngine(n_slots=2, mixed_room=room)
+        scheduler = Scheduler(
+            engine, FakeTokenizer(), max_queue=4, prefill_chunk=prefill_chunk, mixed_steps=True, mixed_chunk=mixed_chunk
+        )
+        short, long = Collector(), Collector()
+        scheduler.submit(_request(3, 12, short))
+        scheduler.submit(_request(10, 3, long))
+        run_until_done(scheduler, short, long)
+        assert long.events[-1] == Finished("length", 10, 3)
+        return [c for c in engine.calls if c[0] == "mixed" or c[0] == "prefill"]
+
+    calls = prompt_steps(room=4, prefill_chunk=8, mixed_chunk=3)
+    assert calls[0] == ("prefill", 0, 0, 3)
+    assert [c[4:] for c in calls[1:]] == [(0, 3), (3, 3), (6, 3), (9, 1)]  # (start, tokens) per mixed step
+    calls = prompt_steps(room=3, prefill_chunk=2, mixed_chunk=16)
+    assert calls[0] == ("prefill", 0, 0, 2) and calls[1] == ("prefill", 0, 2, 1)  # the short prompt, alone
+    assert [c[4:] for c in calls[2:]] == [(0, 2), (2, 2), (4, 2), (6, 2), (8, 2)]
 
 
 def test_mixed_steps_keep_seeded_draws_and_never_starve_a_prompt():
