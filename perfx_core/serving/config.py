@@ -30,7 +30,7 @@ class ServerConfig:
     mixed_steps: bool | None = None
     # Prompt tokens per mixed step, at most. Its rows are padded to whole tiles of 8 (model.MIXED_GRAPH_ROUNDING),
     # and every decoding sequence waits for the whole step (H200, 7B, ms of device time: 15 decode rows alone
-    # 4.93, with an 8-token chunk 5.88, with 16 6.21). 8 instead of 16 took the c16 client p99 from 7.6 and 7.3
+    # 4.90, with an 8-token chunk 5.84, with 16 6.03). 8 instead of 16 took the c16 client p99 from 7.6 and 7.3
     # to 7.5 and 6.9 ms but output tokens/s down 14%: twice the mixed steps (docs/serving.md, session 10).
     mixed_chunk: int = DEFAULT_MIXED_CHUNK
     # A step's text (detokenizing, stop strings, events) handled while the device runs the next step; None: on
