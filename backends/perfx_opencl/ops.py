@@ -51,8 +51,8 @@ MMA_WARPS_PER_CU = ((16, 16), (64, 8), (None, 30))  # (up to n tokens, warps per
 # work (~10 us of device time per launch on the H200, 64 launches per step for a 7B). H200, GGUF Q4_0 7B, a
 # batch-16 step: 4.93 vs 5.28 ms of device time. With three or four token tiles the build with the tail got
 # fewer registers (90 vs 104 at four) and a slower matmul (docs/opencl.md, session 8), so 17-32 tokens run the
-# 16-token shape (two token tiles per warp) in two groups of work-groups, which read W twice (the second mostly
-# from L2). H200, 7B mixed steps, device ms, separate launch / tail with 3-4 tiles / tail with 2 (session 10):
+# 16-token shape (two token tiles per warp) in two groups of work-groups, which read W twice (the second
+# probably from L2). H200, 7B mixed steps, device ms, separate launch / tail with 3-4 tiles / tail with 2 (session 10):
 # 31 rows 6.24 / 6.99 / 6.07; 23 rows 5.90 / 6.11 / 5.88.
 MMA_ADD_NORM_N = 32
 MMA_ADD_NORM_SHAPE_N = 16  # the token count whose shape the tail's launches take
