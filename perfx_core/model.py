@@ -16,6 +16,7 @@ import numpy as np
 from .backend import AttentionSpec, KVCacheSpec, RopeTable, Runtime
 from .config import LlamaConfig, LlamaWeights
 from .errors import ContextLengthError, InvalidArgumentError
+from .ops import PROMPT_KEYS, prompt_indices
 from .rope import rope_cos_sin
 from .sampling import ENGINE_ROW, engine_draw, engine_params
 from .weights import concat_rows
@@ -192,9 +193,8 @@ class LlamaModel:
         return chunk, signature
 
     def _prompt_inputs(self, chunk: np.ndarray, slot: int, pos: int) -> dict[str, np.ndarray]:
-        """The index uploads of a prompt chunk's attention (the names the backends' attention_prefill uses)."""
-        t = len(chunk)
-        return {"prompt_slots": np.full(t, slot, np.int32), "prompt_positions": np.arange(pos, pos + t, dtype=np.int32)}
+        """The index uploads of a prompt chunk's attention (ops.PROMPT_KEYS, as the backends upload them)."""
+        return dict(zip(PROMPT_KEYS, prompt_indices(slot, pos, len(chunk)), strict=True))
 
     def _queue_prefill_chunk(self, chunk: np.ndarray, slot: int, pos: int, recorded: bool) -> Any:
         """Queue the forward of one prompt chunk at positions pos.. of ``slot``; returns its hidden rows. Where

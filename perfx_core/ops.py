@@ -104,6 +104,16 @@ def generic_linear_add_rmsnorm(rt, x, w, residual, weight, eps, out) -> None:
     rt.ops.add_rmsnorm(delta, residual, weight, eps, out)
 
 
+# The keys a prompt chunk's index arrays are uploaded under: LlamaModel passes them as a recorded step's inputs,
+# and a backend's attention_prefill uploads them (rt.upload_ints) under the same names.
+PROMPT_KEYS = ("prompt_slots", "prompt_positions")
+
+
+def prompt_indices(slot: int, start: int, t: int) -> tuple[np.ndarray, np.ndarray]:
+    """The slots and positions (int32) of a prompt chunk's t rows of ``slot`` from ``start`` (PROMPT_KEYS)."""
+    return np.full(t, slot, np.int32), np.arange(start, start + t, dtype=np.int32)
+
+
 def row_view(rt, x, first: int, count: int):
     """Rows first..first+count-1 of a (rows, width) tensor, as a view."""
     return rt.view(x, first * x.shape[1], (count, x.shape[1]))

@@ -17,9 +17,11 @@ import numpy as np
 from perfx_core.errors import BackendError, InvalidArgumentError
 from perfx_core.ops import (
     PRIMITIVE_OPS,
+    PROMPT_KEYS,
     generic_attention_mixed,
     generic_gate_up_silu,
     generic_linear_add_rmsnorm,
+    prompt_indices,
     row_view,
 )
 
@@ -701,7 +703,7 @@ def attention_mixed(rt, qkv, cache, layer, slots, positions, slot, start, rope, 
     decode_qkv, prompt_qkv = row_view(rt, qkv, 0, n), row_view(rt, qkv, n, t)
     decode_out, prompt_out = row_view(rt, out, 0, n), row_view(rt, out, n, t)
     blocks = -(-t // tile)
-    prompt_slots, prompt_positions = _prompt_indices(slot, start, t)
+    prompt_slots, prompt_positions = prompt_indices(slot, start, t)
     rt.launch(
         rt.kernel(
             "attention",
@@ -745,12 +747,6 @@ def _decode_local_bytes(hd: int) -> int:
 # per step, a 25-token prompt's from 0.53 + 0.18 to 0.59. At 512 rows every tile's keys come from qkv, which
 # took 11.6 ms against 10.1 + 0.5: long prompts keep store_kv and read the cache.
 PREFILL_STORES_ROWS_MAX = 32
-PROMPT_KEYS = ("prompt_slots", "prompt_positions")  # a prompt chunk's index uploads (LlamaModel's inputs)
-
-
-def _prompt_indices(slot: int, start: int, t: int) -> tuple[np.ndarray, np.ndarray]:
-    """The slots and positions of a prompt chunk's t rows (uploaded under PROMPT_KEYS)."""
-    return np.full(t, slot, np.int32), np.arange(start, start + t, dtype=np.int32)
 
 
 def attention_prefill(rt, qkv, cache, layer, slot, start, rope, spec, out):
@@ -758,7 +754,7 @@ def attention_prefill(rt, qkv, cache, layer, slot, start, rope, spec, out):
     it also stores their k and v, else store_kv first (a head_dim that is not a multiple of 4: store_kv, then
     the per-row kernel)."""
     t, hd = qkv.shape[0], spec.head_dim
-    slots, positions = _prompt_indices(slot, start, t)
+    slots, positions = prompt_indices(slot, start, t)
     if hd % 4:
         _attention(rt, qkv, cache, layer, slots, positions, rope, spec, out, PROMPT_KEYS)
         return

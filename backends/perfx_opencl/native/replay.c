@@ -16,7 +16,7 @@ typedef int32_t (*enqueue_kernel_fn)(void *queue, void *kernel, uint32_t work_di
                                      const void *wait_list, void *event);
 typedef int32_t (*flush_fn)(void *queue);
 
-/* Mirrored by ReplayJob in native_replay.py: keep the two in step. */
+/* Mirrored by _Job in native_replay.py: keep the two in step. */
 typedef struct {
     enqueue_kernel_fn enqueue;
     flush_fn flush;
