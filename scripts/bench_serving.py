@@ -7,6 +7,12 @@
 Bounded on purpose: a fixed number of streaming /v1/completions requests per concurrency level (greedy,
 ``ignore_eos`` so every request generates exactly --max-tokens tokens), no new requests after --time-limit
 seconds, and only loopback addresses. Inter-token latency is the gap between consecutive streamed chunks.
+
+The client is built not to add its own delays to the gaps it measures: at concurrency 16 a step's 16 chunks
+arrive together and one Python loop reads them in turn. It reads them with aiohttp (a C HTTP parser), stamps each
+line as it arrives and parses the JSON only after the stream ends, and spreads the streams over client
+processes (--client-processes, by default one per 4 streams, at most a quarter of the CPUs). The server's own
+inter-token histogram, which no client is in, is printed next to it ("server side").
 """
 
 from __future__ import annotations
@@ -23,12 +29,14 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
+import aiohttp
 import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MIN_REQUESTS = 32  # per level by default
+STREAMS_PER_CLIENT = 4  # streams one client process reads, by default
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle. Story {i}:"
 
 
@@ -41,7 +49,7 @@ class RequestResult:
     error: str = ""
 
 
-async def one_request(client: httpx.AsyncClient, url: str, i: int, max_tokens: int) -> RequestResult:
+async def one_request(session: aiohttp.ClientSession, url: str, i: int, max_tokens: int) -> RequestResult:
     body = {
         "prompt": PROMPT.format(i=i),
         "max_tokens": max_tokens,
@@ -52,24 +60,27 @@ async def one_request(client: httpx.AsyncClient, url: str, i: int, max_tokens: i
     }
     start = time.perf_counter()
     result = RequestResult(ok=False)
-    last = None
-    async with client.stream("POST", url + "/v1/completions", json=body) as response:
-        if response.status_code != 200:
-            result.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
+    arrivals: list[tuple[float, bytes]] = []  # each SSE line with when it arrived; parsed once the stream ends
+    async with session.post(url + "/v1/completions", json=body) as response:
+        if response.status != 200:
+            result.error = f"HTTP {response.status}: {(await response.read())[:200]!r}"
             return result
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                result.output_tokens = chunk["usage"]["completion_tokens"]
-            if chunk.get("choices") and chunk["choices"][0].get("text"):
-                now = time.perf_counter()
-                if last is None:
-                    result.ttft_s = now - start
-                else:
-                    result.gaps_s.append(now - last)
-                last = now
+        async for line in response.content:
+            arrivals.append((time.perf_counter(), line))
+    last = None
+    for now, raw in arrivals:
+        line = raw.strip()
+        if not line.startswith(b"data: ") or line == b"data: [DONE]":
+            continue
+        chunk = json.loads(line[6:])
+        if chunk.get("usage"):
+            result.output_tokens = chunk["usage"]["completion_tokens"]
+        if chunk.get("choices") and chunk["choices"][0].get("text"):
+            if last is None:
+                result.ttft_s = now - start
+            else:
+                result.gaps_s.append(now - last)
+            last = now
     result.ok = result.output_tokens > 0
     return result
 
@@ -83,8 +94,9 @@ async def run_requests(
     for i in indices:
         queue.put_nowait(i)
     results: list[RequestResult] = []
-    limits = httpx.Limits(max_connections=concurrency + 1)
-    async with httpx.AsyncClient(headers=headers, timeout=600, limits=limits) as client:
+    connector = aiohttp.TCPConnector(limit=concurrency + 1)
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(headers=headers, connector=connector, timeout=timeout) as session:
 
         async def worker() -> None:
             while time.monotonic() < deadline:
@@ -93,8 +105,8 @@ async def run_requests(
                 except asyncio.QueueEmpty:
                     return
                 try:
-                    results.append(await one_request(client, url, i, max_tokens))
-                except httpx.HTTPError as exc:
+                    results.append(await one_request(session, url, i, max_tokens))
+                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                     results.append(RequestResult(ok=False, error=f"{type(exc).__name__}: {exc}"))
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -103,6 +115,11 @@ async def run_requests(
 
 def client_process(*args) -> list[RequestResult]:
     return asyncio.run(run_requests(*args))
+
+
+def default_client_processes(concurrency: int) -> int:
+    """One client process per STREAMS_PER_CLIENT streams, leaving three quarters of the CPUs to the server."""
+    return max(1, min(-(-concurrency // STREAMS_PER_CLIENT), (os.cpu_count() or 1) // 4))
 
 
 def run_level(
@@ -142,6 +159,7 @@ def run_level(
 
     return {
         "concurrency": concurrency,
+        "client_processes": processes,
         "requests": len(ok),
         "failed": len(results) - len(ok),
         "errors": sorted({r.error for r in results if not r.ok})[:3],
@@ -333,9 +351,9 @@ def main() -> int:
     parser.add_argument(
         "--client-processes",
         type=int,
-        default=1,
-        help="spread each level's streams over this many client processes (default 1: one asyncio loop reads "
-        "every stream, and its own queueing shows in the gaps it measures at high concurrency)",
+        help="spread each level's streams over this many client processes (default: one per "
+        f"{STREAMS_PER_CLIENT} streams, at most a quarter of the CPUs; 1: one asyncio loop reads every stream, "
+        "and its own queueing shows in the gaps it measures at high concurrency)",
     )
     parser.add_argument("--time-limit", type=float, default=120, help="seconds per level before no new requests")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -348,22 +366,22 @@ def main() -> int:
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     if args.url and urlparse(args.url).hostname not in LOOPBACK:
         parser.error("--url must be a loopback address: this load generator only targets localhost")
-    if args.client_processes < 1:
+    if args.client_processes is not None and args.client_processes < 1:
         parser.error("--client-processes must be at least 1")
     process, url = (None, args.url.rstrip("/")) if args.url else start_server(args)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    pool = ProcessPoolExecutor(args.client_processes) if args.client_processes > 1 else None
+    processes = {c: args.client_processes or default_client_processes(c) for c in args.concurrency}
+    most = max(processes.values())
+    pool = ProcessPoolExecutor(most) if most > 1 else None
     try:
         run_level(url, headers, 1, 1, 4, 60)  # warm-up: first-call costs out of the numbers
         if pool is not None:  # start the client processes now, not inside the first level's time
-            list(pool.map(time.sleep, [0.2] * args.client_processes))
+            list(pool.map(time.sleep, [0.2] * most))
         levels = []
         for c in args.concurrency:
             before, start = engine_seconds(url, headers), time.perf_counter()
             n_requests = args.requests or max(MIN_REQUESTS, 2 * c)
-            level = run_level(
-                url, headers, c, n_requests, args.max_tokens, args.time_limit, pool, args.client_processes
-            )
+            level = run_level(url, headers, c, n_requests, args.max_tokens, args.time_limit, pool, processes[c])
             wall, after = time.perf_counter() - start, engine_seconds(url, headers)
             # The share of the level's wall time the engine was running forwards; the rest is host-side work
             # (sampling, streaming, HTTP) or idle time between requests.
@@ -408,7 +426,8 @@ def main() -> int:
         if "server_itl_ms_p99" in r:
             print(
                 f"      server side: ITL p50 {r['server_itl_ms_p50']} ms, p99 {r['server_itl_ms_p99']} ms; "
-                f"steps recorded during the level: {r.get('steps_recorded', '?')}"
+                f"steps recorded during the level: {r.get('steps_recorded', '?')}; "
+                f"client processes: {r['client_processes']}"
             )
         for error in r["errors"]:
             print(f"      error: {error}")

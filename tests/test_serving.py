@@ -239,6 +239,31 @@ def test_four_concurrent_streams_are_decoded_in_one_batch(server, client):
     assert metrics['perfx_engine_step_seconds_count{kind="prefill"}'] >= 4
 
 
+def test_load_generator_measures_a_real_server(server):
+    """scripts/bench_serving.py against this server: every request of each level completes with its tokens, the
+    gaps and the server's own histogram are read, and concurrency 2 is spread over 2 client processes. It only
+    targets loopback addresses."""
+    bench = [sys.executable, os.path.join(os.path.dirname(__file__), "..", "scripts", "bench_serving.py")]
+    run = subprocess.run(
+        [*bench, "--url", server.url, "--api-key", API_KEY, "--concurrency", "1,2", "--requests", "2"]
+        + ["--max-tokens", "4", "--client-processes", "2", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert run.returncode == 0, run.stderr
+    levels = json.loads(run.stdout)["levels"]
+    assert [(r["concurrency"], r["client_processes"], r["requests"], r["failed"]) for r in levels] == [
+        (1, 1, 2, 0),
+        (2, 2, 2, 0),
+    ]
+    for r in levels:
+        assert r["output_tokens_per_s"] > 0 and 0 < r["itl_ms_p50"] <= r["itl_ms_p99"]
+        assert r["server_itl_ms_p50"] > 0 and r["steps"]["decode"]["count"] >= 3  # 4 tokens: 3 decode steps at least
+    refused = subprocess.run([*bench, "--url", "http://example.com:8000"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "loopback" in refused.stderr
+
+
 def test_context_overflow_names_both_numbers(server):
     response = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 600})
     assert response.status_code == 400
