@@ -242,7 +242,7 @@ def test_four_concurrent_streams_are_decoded_in_one_batch(server, client):
 def test_load_generator_measures_a_real_server(server):
     """scripts/bench_serving.py against this server: every request of each level completes with its tokens, the
     gaps and the server's own histogram are read, and concurrency 2 is spread over 2 client processes. It only
-    targets loopback addresses."""
+    targets loopback addresses, and stops at once when its first request is refused (a wrong API key)."""
     bench = [sys.executable, os.path.join(os.path.dirname(__file__), "..", "scripts", "bench_serving.py")]
     run = subprocess.run(
         [*bench, "--url", server.url, "--api-key", API_KEY, "--concurrency", "1,2", "--requests", "2"]
@@ -262,6 +262,10 @@ def test_load_generator_measures_a_real_server(server):
         assert r["server_itl_ms_p50"] > 0 and r["steps"]["decode"]["count"] >= 3  # 4 tokens: 3 decode steps at least
     refused = subprocess.run([*bench, "--url", "http://example.com:8000"], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "loopback" in refused.stderr
+    bad_key = subprocess.run(
+        [*bench, "--url", server.url, "--api-key", "wrong"], capture_output=True, text=True, timeout=60
+    )
+    assert bad_key.returncode == 1 and "the first request failed: HTTP 401" in bad_key.stderr
 
 
 def test_context_overflow_names_both_numbers(server):

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 # Fine below 20 ms: a GPU decode step takes 3-10 ms, and the p99 of inter-token gaps is read from these (by
-# linear interpolation inside a bucket: 0.25 ms wide buckets keep a 4-7 ms p99 within ~0.1 ms).
+# linear interpolation inside a bucket, so to within a bucket's width: 0.25 ms from 1 to 12 ms).
 LATENCY_BUCKETS = (
     *(i / 4000 for i in range(4, 49)),  # 1 .. 12 ms by 0.25 ms
     0.0125, 0.015, 0.0175, 0.02, 0.025, 0.03, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10, 30, 60,
