@@ -1,11 +1,16 @@
-"""Model hyper-parameters and host-side weights of a Llama-family model, independent of the file format."""
+"""Model hyper-parameters and host-side weights of a Llama-family model, independent of the file format, and
+``config_from_values``: the one validation of hyper-parameters that every loader's values go through."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 import numpy as np
 
+from .errors import ModelFormatError
 from .weights import Weight
 
 
@@ -69,3 +74,171 @@ class LlamaWeights:
     norm: np.ndarray  # float32 (dim,)
     output: Weight  # (vocab, dim); the same object as token_embedding when tied
     notes: list[str] = field(default_factory=list)  # conversions made at load (e.g. K-quant re-quantized)
+
+
+# -- validation ---------------------------------------------------------------------------------------------
+
+MAX_SIZE = 2**31 - 1  # the kernels index with int32; no real model comes near it
+_FIX = "fix the file or re-create the model"
+_INT_FIELDS = ("vocab_size", "dim", "n_layers", "n_heads", "ffn_dim", "context_length")
+_SCALING_FIELDS = tuple(f.name for f in fields(RopeScaling))
+
+
+def show(value: Any) -> str:
+    """A short description of a value read from a file, for error messages."""
+    if isinstance(value, np.ndarray):
+        return f"an array of {value.dtype} with {value.size} entries"
+    if isinstance(value, np.generic):
+        value = value.item()
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class ConfigCheck:
+    """Type and range checks of values read from one file; each failure names the file, the key and the value."""
+
+    def __init__(self, where: str, names: Mapping[str, str] | None = None):
+        self.where = where
+        self.names = dict(names or {})
+
+    def name(self, field: str) -> str:
+        return repr(self.names.get(field, field))
+
+    def error(self, message: str) -> ModelFormatError:
+        return ModelFormatError(f"{self.where}: {message}; {_FIX}")
+
+    def bad(self, field: str, value: Any, expected: str, wrong_type: bool) -> ModelFormatError:
+        kind = f" ({type(value).__name__})" if wrong_type and value is not None and not _is_array(value) else ""
+        return self.error(f"{self.name(field)} is {show(value)}{kind}, expected {expected}")
+
+    def required(self, values: Mapping[str, Any], field: str) -> Any:
+        if field not in values:
+            raise ModelFormatError(f"{self.where} lacks the required key {self.name(field)}; {_FIX}")
+        return values[field]
+
+    def integer(self, field: str, value: Any, lo: int = 1, hi: int = MAX_SIZE) -> int:
+        expected = f"an integer in {lo}..{hi}"
+        if not _is_int(value):
+            raise self.bad(field, value, expected, True)
+        if not lo <= int(value) <= hi:
+            raise self.bad(field, value, expected, False)
+        return int(value)
+
+    def number(self, field: str, value: Any, below: float = math.inf) -> float:
+        """A finite number in (0, below)."""
+        expected = "a positive number" if below == math.inf else f"a number in (0, {below:g})"
+        if not _is_number(value):
+            raise self.bad(field, value, expected, True)
+        x = _finite(value)
+        if x is None or not 0 < x < below:
+            raise self.bad(field, value, expected, False)
+        return x
+
+    def flag(self, field: str, value: Any) -> bool:
+        if not isinstance(value, (bool, np.bool_)):
+            raise self.bad(field, value, "true or false", True)
+        return bool(value)
+
+    def text(self, field: str, value: Any) -> str:
+        if not isinstance(value, str):
+            raise self.bad(field, value, "a string", True)
+        return value
+
+
+def config_from_values(values: Mapping[str, Any], where: str, names: Mapping[str, str] | None = None) -> LlamaConfig:
+    """The one validation of a model's hyper-parameters, whichever file they come from (GGUF, config.json,
+    perfx.json): every field's type and range, then the constraints between fields.
+
+    ``values`` maps LlamaConfig fields to the values as read; a required field that is absent is an error.
+    ``n_kv_heads`` and ``head_dim`` may be None (or absent), meaning Llama's defaults: as many KV heads as heads,
+    and ``dim // n_heads``. ``rope_scaling`` is None or a mapping of RopeScaling fields. ``names`` maps a field
+    ("rope_scaling.factor" for a nested one) to the key the file uses, so errors name what the user can find.
+    """
+    check = ConfigCheck(where, names)
+    out: dict[str, Any] = {f: check.integer(f, check.required(values, f)) for f in _INT_FIELDS}
+    out["norm_eps"] = check.number("norm_eps", check.required(values, "norm_eps"), below=1.0)
+    out["rope_theta"] = check.number("rope_theta", check.required(values, "rope_theta"))
+    n_heads = out["n_heads"]
+    kv = values.get("n_kv_heads")
+    out["n_kv_heads"] = n_heads if kv is None else check.integer("n_kv_heads", kv)
+    if n_heads % out["n_kv_heads"]:
+        raise check.error(
+            f"{check.name('n_heads')} {n_heads} is not a multiple of {check.name('n_kv_heads')} {out['n_kv_heads']}"
+        )
+    head_dim = values.get("head_dim")
+    if head_dim is None:
+        if out["dim"] % n_heads:
+            raise check.error(
+                f"{check.name('dim')} {out['dim']} is not a multiple of {check.name('n_heads')} {n_heads} "
+                "and no head size is given"
+            )
+        head_dim = out["dim"] // n_heads
+    else:
+        head_dim = check.integer("head_dim", head_dim)
+    if head_dim % 2:
+        raise check.error(f"{check.name('head_dim')} {head_dim} is odd; RoPE needs an even head size")
+    out["head_dim"] = head_dim
+    out["rope_scaling"] = _rope_scaling(check, values.get("rope_scaling"))
+    out["rope_freq_divisors"] = _divisors(check, values.get("rope_freq_divisors"), head_dim // 2)
+    out["tied_embeddings"] = check.flag("tied_embeddings", values.get("tied_embeddings", False))
+    out["name"] = check.text("name", values.get("name", ""))
+    return LlamaConfig(**out)
+
+
+def _rope_scaling(check: ConfigCheck, raw: Any) -> RopeScaling | None:
+    if raw is None:
+        return None
+    if isinstance(raw, RopeScaling):
+        raw = asdict(raw)
+    if not isinstance(raw, Mapping):
+        raise check.bad("rope_scaling", raw, "an object with the Llama-3 scaling parameters", True)
+    unknown = next((k for k in raw if k not in _SCALING_FIELDS), None)
+    if unknown is not None:
+        raise check.error(f"{check.name('rope_scaling')} has unknown key {show(unknown)}")
+    sub = {f"rope_scaling.{k}": v for k, v in raw.items()}
+    factor = check.number("rope_scaling.factor", check.required(sub, "rope_scaling.factor"))
+    low = check.number("rope_scaling.low_freq_factor", sub.get("rope_scaling.low_freq_factor", 1.0))
+    high = check.number("rope_scaling.high_freq_factor", sub.get("rope_scaling.high_freq_factor", 4.0))
+    if high <= low:
+        raise check.error(
+            f"{check.name('rope_scaling.high_freq_factor')} {high:g} must exceed "
+            f"{check.name('rope_scaling.low_freq_factor')} {low:g}"
+        )
+    ctx = "rope_scaling.original_context_length"
+    return RopeScaling(factor, low, high, check.integer(ctx, check.required(sub, ctx)))
+
+
+def _divisors(check: ConfigCheck, raw: Any, n: int) -> tuple[float, ...] | None:
+    if raw is None:
+        return None
+    items = raw.tolist() if isinstance(raw, np.ndarray) and raw.ndim == 1 else raw
+    if (
+        not isinstance(items, (list, tuple))
+        or len(items) != n
+        or not all(_is_number(v) and (_finite(v) or 0) > 0 for v in items)
+    ):
+        raise check.error(
+            f"{check.name('rope_freq_divisors')} must be {n} positive numbers (head size / 2), got {show(raw)}"
+        )
+    return tuple(float(v) for v in items)
+
+
+def _finite(value: Any) -> float | None:
+    """A number as a finite float, or None (NaN, infinities, integers past float range)."""
+    try:
+        x = float(value)
+    except OverflowError:
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, np.ndarray)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))

@@ -20,7 +20,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, Keys
 from gguf import quants as gguf_quants
 
-from .config import LayerWeights, LlamaConfig, LlamaWeights, RopeScaling
+from .config import ConfigCheck, LayerWeights, LlamaConfig, LlamaWeights, RopeScaling, config_from_values, show
 from .errors import ModelFormatError
 from .gguf_file import GGUFFile, TensorInfo, read_gguf
 from .weights import DenseWeight, Int4Weight, Weight, quantize_rtn, take_rows
@@ -75,29 +75,90 @@ def load_llama_gguf(source: str | os.PathLike[str] | GGUFFile) -> tuple[LlamaCon
     return config, weights, gf
 
 
+_LAYER_PARTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+_BLOCK_TENSOR = re.compile(rf"blk\.(0|[1-9]\d*)\.(?:{'|'.join(_LAYER_PARTS)})\.weight")
+
+
 def check_tensor_names(gf: GGUFFile, config: LlamaConfig) -> None:
-    """ModelFormatError naming the missing tensors, when ``gf`` lacks any a Llama of ``config`` needs."""
-    parts = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
-    names = ["token_embd.weight", "output_norm.weight"]
-    names += [f"blk.{i}.{part}.weight" for i in range(config.n_layers) for part in parts]
-    missing = [n for n in names if n not in gf.tensors]
-    if missing:
+    """ModelFormatError naming the first missing, unexpected or misshapen tensor a Llama of ``config`` needs.
+
+    Runs before anything is sized by the metadata: a block count or head count the tensor table cannot back
+    fails here, not in an allocation.
+    """
+    n = config.n_layers
+    top = ("token_embd.weight", "output_norm.weight")
+
+    def expected(name: str) -> bool:
+        m = _BLOCK_TENSOR.fullmatch(name)
+        return name in top or (m is not None and int(m.group(1)) < n)
+
+    # Names are generated lazily and counted from the tensor table, never listed: the block count is not
+    # trusted until the tensors back it.
+    names = (f"blk.{i}.{part}.weight" for i in range(n) for part in _LAYER_PARTS)
+    first = next((t for t in top if t not in gf.tensors), None) or next((t for t in names if t not in gf.tensors), None)
+    if first is not None:
+        missing = len(top) + len(_LAYER_PARTS) * n - sum(map(expected, gf.tensors))
+        more = f" (and {missing - 1} more are missing; {_CONFIG_KEYS['n_layers'].format(arch='llama')!r} is {n})"
         raise ModelFormatError(
-            f"{gf.path} has no tensor {missing[0]!r}"
-            f"{f' (and {len(missing) - 1} more are missing)' if len(missing) > 1 else ''}; "
-            "check that the file is a complete model"
+            f"{gf.path} has no tensor {first!r}{more if missing > 1 else ''}; check that the file is a complete model"
         )
-    known = set(names) | {"output.weight"}
-    unused = sorted(n for n in gf.tensors if n not in known and not _IGNORED_TENSORS.fullmatch(n))
+    optional = {"output.weight"}
+    unused = sorted(t for t in gf.tensors if not (expected(t) or t in optional or _IGNORED_TENSORS.fullmatch(t)))
     if unused:
         raise ModelFormatError(
             f"{gf.path} has tensors a Llama model does not use: {', '.join(unused[:8])}"
             f"{' ...' if len(unused) > 8 else ''}; perfx would ignore them and compute wrong outputs. "
             "Use a plain Llama GGUF (no biases or extra heads)"
         )
+    for name, shape, why in _expected_shapes(config):
+        info = gf.tensors.get(name)
+        if info is not None and info.shape != shape:
+            raise ModelFormatError(
+                f"{gf.path}: tensor {name!r} has shape {info.shape}, not the {shape} implied by {why}; {_FIX}"
+            )
+
+
+def _expected_shapes(config: LlamaConfig) -> Iterator[tuple[str, tuple[int, ...], str]]:
+    """(tensor, shape, which metadata implies it) for every tensor of a Llama of ``config``."""
+    c = config
+    k = {f: f"{key.format(arch='llama')!r} {getattr(c, f)}" for f, key in _CONFIG_KEYS.items() if hasattr(c, f)}
+    head = f"head size {c.head_dim}"
+    q, kv, d, ffn = c.q_dim, c.kv_dim, c.dim, c.ffn_dim
+    yield "token_embd.weight", (c.vocab_size, d), k["dim"]
+    yield "output.weight", (c.vocab_size, d), k["dim"]
+    yield "output_norm.weight", (d,), k["dim"]
+    for i in range(c.n_layers):
+        p = f"blk.{i}."
+        yield p + "attn_norm.weight", (d,), k["dim"]
+        yield p + "attn_q.weight", (q, d), f"{k['n_heads']} x {head} and {k['dim']}"
+        yield p + "attn_k.weight", (kv, d), f"{k['n_kv_heads']} x {head} and {k['dim']}"
+        yield p + "attn_v.weight", (kv, d), f"{k['n_kv_heads']} x {head} and {k['dim']}"
+        yield p + "attn_output.weight", (d, q), f"{k['dim']} and {k['n_heads']} x {head}"
+        yield p + "ffn_norm.weight", (d,), k["dim"]
+        yield p + "ffn_gate.weight", (ffn, d), f"{k['ffn_dim']} and {k['dim']}"
+        yield p + "ffn_up.weight", (ffn, d), f"{k['ffn_dim']} and {k['dim']}"
+        yield p + "ffn_down.weight", (d, ffn), f"{k['dim']} and {k['ffn_dim']}"
 
 
 # -- config -------------------------------------------------------------------------------------------------
+
+
+# LlamaConfig field -> GGUF key template
+_CONFIG_KEYS = {
+    "dim": Keys.LLM.EMBEDDING_LENGTH,
+    "n_layers": Keys.LLM.BLOCK_COUNT,
+    "n_heads": Keys.Attention.HEAD_COUNT,
+    "n_kv_heads": Keys.Attention.HEAD_COUNT_KV,
+    "ffn_dim": Keys.LLM.FEED_FORWARD_LENGTH,
+    "norm_eps": Keys.Attention.LAYERNORM_RMS_EPS,
+    "rope_theta": Keys.Rope.FREQ_BASE,
+    "context_length": Keys.LLM.CONTEXT_LENGTH,
+    "name": Keys.General.NAME,
+    "rope_scaling.factor": Keys.Rope.SCALING_FACTOR,
+    "rope_scaling.low_freq_factor": "{arch}.rope.scaling.low_freq_factor",
+    "rope_scaling.high_freq_factor": "{arch}.rope.scaling.high_freq_factor",
+    "rope_scaling.original_context_length": Keys.Rope.SCALING_ORIG_CTX_LEN,
+}
 
 
 def read_llama_config(gf: GGUFFile) -> LlamaConfig:
@@ -109,117 +170,91 @@ def read_llama_config(gf: GGUFFile) -> LlamaConfig:
             f"{gf.path} is a {arch!r} model; perfx loads the {', '.join(SUPPORTED_ARCHITECTURES)} architecture "
             "(Llama, Llama 2/3, SmolLM, TinyLlama, Mistral 7B ...)"
         )
-
-    def key(template: str) -> str:
-        return template.format(arch=arch)
-
-    n_layers = _get_int(gf, key(Keys.LLM.BLOCK_COUNT))
-    dim = _get_int(gf, key(Keys.LLM.EMBEDDING_LENGTH))
-    ffn_dim = _get_int(gf, key(Keys.LLM.FEED_FORWARD_LENGTH))
-    n_heads = _get_int(gf, key(Keys.Attention.HEAD_COUNT))
-    n_kv_heads = _get_int(gf, key(Keys.Attention.HEAD_COUNT_KV), default=n_heads)
-    norm_eps = _get_float(gf, key(Keys.Attention.LAYERNORM_RMS_EPS))
-    rope_theta = _get_float(gf, key(Keys.Rope.FREQ_BASE), default=10000.0)
-    context_length = _get_int(gf, key(Keys.LLM.CONTEXT_LENGTH))
-    if n_heads % n_kv_heads:
-        raise _bad_meta(gf, f"head_count {n_heads} is not a multiple of head_count_kv {n_kv_heads}")
-
-    key_length = _get_int(gf, key(Keys.Attention.KEY_LENGTH), default=0)
-    rope_dims = _get_int(gf, key(Keys.Rope.DIMENSION_COUNT), default=0)
-    value_length = _get_int(gf, key(Keys.Attention.VALUE_LENGTH), default=0)
-    head_dim = key_length or rope_dims or dim // n_heads
-    if not key_length and not rope_dims and dim % n_heads:
-        raise _bad_meta(gf, f"embedding_length {dim} is not a multiple of head_count {n_heads} and no head size given")
-    if rope_dims and rope_dims != head_dim:
-        raise ModelFormatError(
-            f"{gf.path}: RoPE covers {rope_dims} of {head_dim} head dimensions; perfx supports full-width RoPE only"
-        )
-    if value_length and value_length != head_dim:
-        raise ModelFormatError(
-            f"{gf.path}: value head size {value_length} differs from key head size {head_dim}; "
-            "perfx supports Llama models with equal sizes only"
-        )
-    if head_dim % 2:
-        raise _bad_meta(gf, f"head size {head_dim} is odd; RoPE needs an even head size")
+    names = {f: k.format(arch=arch) for f, k in _CONFIG_KEYS.items()}
+    values: dict[str, Any] = {f: meta[k] for f, k in names.items() if k in meta and "." not in f}
+    values.setdefault("rope_theta", 10000.0)
+    # The head size: the key length if given, else the RoPE width, else dim / heads (LlamaConfig's default).
+    key_length, rope_dims = Keys.Attention.KEY_LENGTH.format(arch=arch), Keys.Rope.DIMENSION_COUNT.format(arch=arch)
+    head_key = key_length if key_length in meta else rope_dims if rope_dims in meta else None
+    if head_key is not None:
+        values["head_dim"], names["head_dim"] = meta[head_key], head_key
+    names["vocab_size"] = "rows of token_embd.weight"
 
     embd = gf.tensors.get("token_embd.weight")
     if embd is None:
         raise ModelFormatError(f"{gf.path} has no tensor 'token_embd.weight'; check that the file is a complete model")
-    if len(embd.shape) != 2 or embd.shape[1] != dim:
-        raise _bad_shape(gf, embd, ("vocab", dim))
-    vocab_size = embd.shape[0]
-    declared_vocab = _get_int(gf, key(Keys.LLM.VOCAB_SIZE), default=vocab_size)
-    if declared_vocab != vocab_size:
-        raise _bad_meta(gf, f"{key(Keys.LLM.VOCAB_SIZE)} is {declared_vocab}; token_embd.weight has {vocab_size} rows")
+    values["vocab_size"] = embd.shape[0]
+    if _uses_llama3_scaling(gf, arch):
+        keys = {f.split(".", 1)[1]: k for f, k in names.items() if f.startswith("rope_scaling.")}
+        values["rope_scaling"] = {f: meta[k] for f, k in keys.items() if k in meta}
+    elif "rope_freqs.weight" in gf.tensors:
+        values["rope_freq_divisors"], names["rope_freq_divisors"] = _rope_freq_values(gf), "rope_freqs.weight"
+    values["tied_embeddings"] = "output.weight" not in gf.tensors
+    config = config_from_values(values, str(gf.path), names)
 
-    name = meta.get(Keys.General.NAME, "")
-    scaling = _rope_scaling(gf, arch, head_dim, rope_theta)
-    return LlamaConfig(
-        vocab_size=vocab_size,
-        dim=dim,
-        n_layers=n_layers,
-        n_heads=n_heads,
-        n_kv_heads=n_kv_heads,
-        head_dim=head_dim,
-        ffn_dim=ffn_dim,
-        norm_eps=norm_eps,
-        rope_theta=rope_theta,
-        context_length=context_length,
-        rope_scaling=scaling,
-        rope_freq_divisors=_rope_freq_divisors(gf, head_dim) if scaling is None else None,
-        tied_embeddings="output.weight" not in gf.tensors,
-        name=name if isinstance(name, str) else "",
-    )
+    check = ConfigCheck(str(gf.path))
+    for other in (rope_dims, Keys.Attention.VALUE_LENGTH.format(arch=arch)):
+        if other in meta and check.integer(other, meta[other]) != config.head_dim:
+            raise ModelFormatError(
+                f"{gf.path}: {other!r} is {meta[other]} but the head size is {config.head_dim}; perfx supports "
+                "Llama models with full-width RoPE and equal key and value sizes only"
+            )
+    if len(embd.shape) != 2 or embd.shape[1] != config.dim:
+        raise _bad_shape(gf, embd, ("vocab", config.dim))
+    vocab_key = Keys.LLM.VOCAB_SIZE.format(arch=arch)
+    if vocab_key in meta and check.integer(vocab_key, meta[vocab_key]) != config.vocab_size:
+        raise _bad_meta(gf, f"{vocab_key} is {meta[vocab_key]}; token_embd.weight has {config.vocab_size} rows")
+    _check_vocabulary(gf, config.vocab_size)
+    if config.rope_scaling is not None and "rope_freqs.weight" in gf.tensors:
+        _check_rope_freqs(gf, config.rope_scaling, config.head_dim, config.rope_theta)
+    return config
 
 
-def _rope_scaling(gf: GGUFFile, arch: str, head_dim: int, rope_theta: float) -> RopeScaling | None:
+def _check_vocabulary(gf: GGUFFile, rows: int) -> None:
+    """The tokenizer must have one token per embedding row: others would be ids the model or the tokenizer lacks."""
+    tokens = gf.metadata.get(Keys.Tokenizer.LIST)
+    if isinstance(tokens, list) and len(tokens) != rows:
+        raise ModelFormatError(
+            f"{gf.path}: {Keys.Tokenizer.LIST!r} has {len(tokens)} tokens but token_embd.weight has {rows} rows; "
+            "the tokenizer and the model disagree (llama.cpp refuses such a file too), so re-convert the model"
+        )
+
+
+def _uses_llama3_scaling(gf: GGUFFile, arch: str) -> bool:
+    """Whether the metadata asks for Llama-3 RoPE scaling; ModelFormatError for kinds perfx does not run."""
     meta = gf.metadata
     type_key = Keys.Rope.SCALING_TYPE.format(arch=arch)
-    factor_key = Keys.Rope.SCALING_FACTOR.format(arch=arch)
     kind = meta.get(type_key)
-    has_freqs = "rope_freqs.weight" in gf.tensors
+    if kind is not None and not isinstance(kind, str):
+        raise _bad_meta(gf, f"{type_key!r} is {show(kind)}, not a scaling name such as 'llama3'")
     if kind is None:
         # llama.cpp treats a bare factor (or the old rope.scale_linear key) as linear scaling.
+        factor_key = Keys.Rope.SCALING_FACTOR.format(arch=arch)
         linear = meta.get(factor_key, meta.get(f"{arch}.rope.scale_linear", 1.0))
         if not isinstance(linear, (int, float)) or float(linear) not in (0.0, 1.0):
             raise ModelFormatError(
-                f"{gf.path} uses linear RoPE scaling (factor {linear!r}), which perfx does not support; "
+                f"{gf.path} uses linear RoPE scaling (factor {show(linear)}), which perfx does not support; "
                 "use a model without RoPE scaling or with Llama-3 scaling"
             )
-        return None  # a bare rope_freqs.weight (llama.cpp's Llama-3.1 form) is read by _rope_freq_divisors
+        return False  # a bare rope_freqs.weight (llama.cpp's Llama-3.1 form) is read as divisors
     if kind == "none":
-        if has_freqs:
+        if "rope_freqs.weight" in gf.tensors:
             raise _bad_meta(gf, "rope.scaling.type is 'none' but there is a rope_freqs.weight tensor")
-        return None
+        return False
     if kind != "llama3":
         raise ModelFormatError(
-            f"{gf.path} uses RoPE scaling {kind!r}; perfx supports 'llama3' scaling only, "
+            f"{gf.path} uses RoPE scaling {show(kind)}; perfx supports 'llama3' scaling only, "
             "so use a model without RoPE scaling or with Llama-3 scaling"
         )
-    scaling = RopeScaling(
-        factor=_get_float(gf, factor_key),
-        low_freq_factor=_get_float(gf, f"{arch}.rope.scaling.low_freq_factor", default=1.0),
-        high_freq_factor=_get_float(gf, f"{arch}.rope.scaling.high_freq_factor", default=4.0),
-        original_context_length=_get_int(gf, Keys.Rope.SCALING_ORIG_CTX_LEN.format(arch=arch)),
-    )
-    if scaling.high_freq_factor <= scaling.low_freq_factor or scaling.factor <= 0:
-        raise _bad_meta(gf, f"rope scaling {scaling} is inconsistent (need factor > 0 and high_freq > low_freq)")
-    if has_freqs:
-        _check_rope_freqs(gf, scaling, head_dim, rope_theta)
-    return scaling
+    return True
 
 
-def _rope_freq_divisors(gf: GGUFFile, head_dim: int) -> tuple[float, ...] | None:
+def _rope_freq_values(gf: GGUFFile) -> np.ndarray:
     """rope_freqs.weight given without scaling keys: llama.cpp divides each rotation speed by its value."""
-    info = gf.tensors.get("rope_freqs.weight")
-    if info is None:
-        return None
-    if info.shape != (head_dim // 2,) or info.ggml_type not in _FLOAT_TYPES:
-        raise _bad_shape(gf, info, (head_dim // 2,))
-    divisors = _floats(gf, info)
-    if not np.all(np.isfinite(divisors)) or np.any(divisors <= 0):
-        raise _bad_meta(gf, "rope_freqs.weight holds values that are not positive finite numbers")
-    return tuple(float(d) for d in divisors)
+    info = gf.tensors["rope_freqs.weight"]
+    if len(info.shape) != 1 or info.ggml_type not in _FLOAT_TYPES:
+        raise _bad_shape(gf, info, ("head size / 2",))
+    return _floats(gf, info)  # a tensor the file holds, so its size is bounded by the file's
 
 
 def llama3_rope_divisors(scaling: RopeScaling, head_dim: int, rope_theta: float) -> np.ndarray:
@@ -464,24 +499,6 @@ def _get(gf: GGUFFile, key: str, kind: type | tuple[type, ...], default: Any = _
         expected = "a number" if isinstance(kind, tuple) else kind.__name__
         raise ModelFormatError(f"{gf.path}: metadata {key!r} is {_describe(v)}, expected {expected}; {_FIX}")
     return v
-
-
-def _get_int(gf: GGUFFile, key: str, default: Any = _REQUIRED) -> int:
-    if key not in gf.metadata and default is not _REQUIRED:
-        return default
-    v = _get(gf, key, int)
-    if isinstance(v, bool) or v <= 0:
-        raise ModelFormatError(f"{gf.path}: metadata {key!r} is {v!r}, expected a positive integer; {_FIX}")
-    return v
-
-
-def _get_float(gf: GGUFFile, key: str, default: Any = _REQUIRED) -> float:
-    if key not in gf.metadata and default is not _REQUIRED:
-        return default
-    v = _get(gf, key, (int, float))
-    if isinstance(v, bool) or not math.isfinite(v) or v <= 0:
-        raise ModelFormatError(f"{gf.path}: metadata {key!r} is {v!r}, expected a positive number; {_FIX}")
-    return float(v)
 
 
 def _bad_meta(gf: GGUFFile, msg: str) -> ModelFormatError:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGUFValueType
-from tiny_gguf import DELETE, write_tiny_llama_gguf
+from tiny_gguf import DELETE, tiny_vocab, write_tiny_llama_gguf
 
 from perfx_core.errors import ModelFormatError, ModelNotFoundError
 from perfx_core.gguf_file import read_gguf
@@ -222,10 +222,14 @@ WRITTEN_CASES: dict[str, tuple[dict, str, str]] = {
     "alignment-string": ({"overrides": {"general.alignment": "32"}}, "'general.alignment' is '32'", "read"),
     "missing-block-count": (
         {"overrides": {"llama.block_count": DELETE}},
-        "lacks the required metadata key 'llama.block_count'",
+        "lacks the required key 'llama.block_count'",
         "load",
     ),
-    "block-count-is-string": ({"overrides": {"llama.block_count": "2"}}, "'llama.block_count' is str", "load"),
+    "block-count-is-string": (
+        {"overrides": {"llama.block_count": "2"}},
+        "'llama.block_count' is '2' \\(str\\), expected an integer",
+        "load",
+    ),
     "missing-architecture": ({"overrides": {"general.architecture": DELETE}}, "'general.architecture'", "load"),
     "other-architecture": ({"overrides": {"general.architecture": "gpt2"}}, "is a 'gpt2' model", "load"),
     "shape-mismatch": (
@@ -245,13 +249,93 @@ WRITTEN_CASES: dict[str, tuple[dict, str, str]] = {
     ),
     "heads-not-multiple-of-kv-heads": (
         {"overrides": {"llama.attention.head_count_kv": 3}},
-        "head_count 4 is not a multiple of head_count_kv 3",
+        "'llama.attention.head_count' 4 is not a multiple of 'llama.attention.head_count_kv' 3",
         "load",
     ),
-    "rope-freqs-not-positive": ({"rope_freqs": (-8.0, 1.0, 4.0, 64)}, "rope_freqs.weight holds values", "load"),
+    "rope-freqs-not-positive": (
+        {"rope_freqs": (-8.0, 1.0, 4.0, 64)},
+        "'rope_freqs.weight' must be 8 positive numbers",
+        "load",
+    ),
     "linear-rope-scaling": (
         {"overrides": {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 2.0}},
         "RoPE scaling 'linear'",
+        "load",
+    ),
+    # Counts are checked against the tensor table before anything is sized by them.
+    "block-count-2^32-63": (
+        {"overrides": {"llama.block_count": 2**32 - 63}},
+        "'llama.block_count' is 4294967233, expected an integer in 1..2147483647",
+        "load",
+    ),
+    "block-count-past-tensor-table": (
+        {"overrides": {"llama.block_count": 2**30}},
+        "no tensor 'blk.2.attn_norm.weight' \\(and \\d+ more are missing; 'llama.block_count' is 1073741824\\)",
+        "load",
+    ),
+    "head-count-2^28": (
+        {"overrides": {"llama.attention.head_count": 2**28, "llama.attention.head_count_kv": 2**28}},
+        "'blk.0.attn_q.weight' has shape \\(64, 64\\), not the \\(4294967296, 64\\) implied by "
+        "'llama.attention.head_count' 268435456 x head size 16",
+        "load",
+    ),
+    "head-count-kv-mismatch": (
+        {"overrides": {"llama.attention.head_count_kv": 1}},
+        "'blk.0.attn_k.weight' has shape \\(32, 64\\), not the \\(16, 64\\) implied by "
+        "'llama.attention.head_count_kv' 1",
+        "load",
+    ),
+    "head-count-2^40": (
+        {"overrides": {"llama.attention.head_count": (2**40, GGUFValueType.UINT64)}},
+        "'llama.attention.head_count' is 1099511627776, expected an integer in 1..",
+        "load",
+    ),
+    "heads-exceed-dim-without-head-size": (
+        {"overrides": {"llama.attention.head_count": 128, "llama.rope.dimension_count": DELETE}},
+        "'llama.embedding_length' 64 is not a multiple of 'llama.attention.head_count' 128",
+        "load",
+    ),
+    "ffn-length-mismatch": (
+        {"overrides": {"llama.feed_forward_length": 2**31 - 1}},
+        "'blk.0.ffn_gate.weight' has shape \\(128, 64\\), not the \\(2147483647, 64\\) implied by "
+        "'llama.feed_forward_length' 2147483647",
+        "load",
+    ),
+    "context-length-2^63": (
+        {"overrides": {"llama.context_length": (2**63, GGUFValueType.UINT64)}},
+        "'llama.context_length' is 9223372036854775808, expected an integer in 1..",
+        "load",
+    ),
+    "rms-eps-nan": (
+        {"overrides": {"llama.attention.layer_norm_rms_epsilon": float("nan")}},
+        "'llama.attention.layer_norm_rms_epsilon' is nan, expected a number in \\(0, 1\\)",
+        "load",
+    ),
+    "freq-base-array": (
+        {"overrides": {"llama.rope.freq_base": np.ones(3, np.float32)}},
+        "'llama.rope.freq_base' is an array of float32 with 3 entries, expected a positive number",
+        "load",
+    ),
+    "rope-scaling-factor-string": (
+        {
+            "overrides": {
+                "llama.rope.scaling.type": "llama3",
+                "llama.rope.scaling.factor": "8",
+                "llama.rope.scaling.original_context_length": 64,
+            }
+        },
+        "'llama.rope.scaling.factor' is '8' \\(str\\), expected a positive number",
+        "load",
+    ),
+    # The tokenizer must cover the embedding's rows exactly (llama.cpp refuses other files too).
+    "fewer-tokens-than-embedding-rows": (
+        {"vocab": 296, "overrides": {TOKENS: tiny_vocab(None)[0], TOKEN_TYPE: tiny_vocab(None)[1]}},
+        "'tokenizer.ggml.tokens' has 288 tokens but token_embd.weight has 296 rows",
+        "load",
+    ),
+    "more-tokens-than-embedding-rows": (
+        {"overrides": {TOKENS: tiny_vocab(300)[0], TOKEN_TYPE: tiny_vocab(300)[1]}},
+        "'tokenizer.ggml.tokens' has 300 tokens but token_embd.weight has 288 rows",
         "load",
     ),
     "tokens-int-array": (

@@ -5,6 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -234,3 +242,130 @@ def test_force_never_replaces_the_source_or_a_foreign_directory(tmp_path):
     with pytest.raises(InvalidArgumentError, match="not a perfx model directory"):
         quantize(src, foreign, method="rtn", overwrite=True)
     assert (foreign / "cat.jpg").exists() and (src / "config.json").exists()
+
+
+# -- the output directory: atomic, durable, normal permissions, no leftovers ----------------------------------
+
+
+def perfx_command() -> list[str]:
+    exe = Path(sys.executable).with_name("perfx")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "perfx_core"]
+
+
+def tiny_source(tmp_path: Path) -> Path:
+    (tmp_path / "src").mkdir(exist_ok=True)
+    return write_tiny_llama_gguf(
+        tmp_path / "src" / "tiny.gguf", n_layers=2, dim=256, n_heads=4, n_kv_heads=2, ffn_dim=512
+    ).path
+
+
+def start_quantize(src: Path, out: Path) -> subprocess.Popen:
+    """`perfx quantize` in its own process, returned once it has written two blocks into its partial directory."""
+    proc = subprocess.Popen(
+        [*perfx_command(), "quantize", str(src), "-o", str(out), "--method", "rtn"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    for line in proc.stderr:
+        if line.startswith("block 2/"):
+            return proc
+    proc.wait()
+    raise AssertionError(f"perfx quantize ended (exit {proc.returncode}) before its second block")
+
+
+def test_killed_quantize_leaves_no_output_and_the_next_run_removes_its_partial(smol_fp32, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    out = work / "out"
+    proc = start_quantize(smol_fp32, out)
+    proc.kill()
+    proc.wait()
+    proc.stderr.close()
+    left = list(work.iterdir())
+    assert not out.exists() and len(left) == 1 and left[0].name.startswith(".out.partial-")
+    quantize(tiny_source(tmp_path), out, method="rtn")
+    assert [p.name for p in work.iterdir()] == ["out"]
+
+
+def test_the_next_run_spares_a_partial_directory_in_use(smol_fp32, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    out = work / "out"
+    young, old = work / ".out.partial-young", work / ".out.partial-old"  # empty: a run may be creating them
+    young.mkdir()
+    old.mkdir()
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    proc = start_quantize(smol_fp32, out)
+    try:
+        proc.send_signal(signal.SIGSTOP)  # alive, mid-run
+        (live,) = [p for p in work.iterdir() if p not in (young, old)]
+        quantize(tiny_source(tmp_path), out, method="rtn")
+        assert live.is_dir() and (live / "model.safetensors").is_file() and young.is_dir() and not old.exists()
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stderr.close()
+    quantize(tiny_source(tmp_path), out, method="rtn", overwrite=True)
+    assert sorted(p.name for p in work.iterdir()) == [".out.partial-young", "out"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_output_has_the_permissions_of_a_plain_mkdir(tmp_path, umask):
+    src = tiny_source(tmp_path)
+    previous = os.umask(umask)
+    try:
+        quantize(src, tmp_path / "out", method="rtn")
+        quantize(src, tmp_path / "out", method="rtn", overwrite=True)
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == 0o777 & ~umask
+    files = list((tmp_path / "out").iterdir())
+    assert len(files) == 3 and all(stat.S_IMODE(f.stat().st_mode) == 0o666 & ~umask for f in files)
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
+def test_quantize_force_syncs_everything_then_swaps_without_a_missing_moment(tmp_path):
+    src, out, trace = tiny_source(tmp_path), tmp_path / "out", tmp_path / "trace"
+    quantize(src, out, method="rtn")
+    syscalls = "trace=fsync,fdatasync,rename,renameat,renameat2"
+    command = [*perfx_command(), "quantize", str(src), "-o", str(out), "--method", "rtn", "--force", "-q"]
+    result = subprocess.run(
+        ["strace", "-f", "-y", "-qq", "-o", str(trace), "-e", syscalls, *command], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    calls = trace.read_text().splitlines()
+    moves = [i for i, c in enumerate(calls) if "rename" in c and f'"{out}"' in c]
+    assert moves and all("RENAME_EXCHANGE" in calls[i] for i in moves), "\n".join(calls[i] for i in moves)
+    partial = re.search(r'"([^"]*/\.out\.partial-[^"]*)"', calls[moves[0]]).group(1)
+    synced = {m.group(1) for c in calls[: moves[0]] for m in [re.search(r"fsync\(\d+<([^>]*)>", c)] if m}
+    expected = {partial} | {f"{partial}/{f.name}" for f in out.iterdir()}
+    assert expected <= synced, sorted(expected - synced)
+    assert any("fsync(" in c and f"<{tmp_path}>" in c for c in calls[moves[0] :])  # the rename itself, durable
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "src", "trace"]
+
+
+WATCH_OUTPUT = """
+import os, sys
+target, stop = sys.argv[1:]
+print("watching", flush=True)
+checks = missing = 0
+while not os.path.exists(stop):
+    checks += 1
+    missing += not os.path.exists(target)
+print(checks, missing)
+"""
+
+
+def test_force_never_leaves_a_moment_without_the_output(tmp_path):
+    src, out, stop = tiny_source(tmp_path), tmp_path / "out", tmp_path / "stop"
+    quantize(src, out, method="rtn")
+    watcher = subprocess.Popen(
+        [sys.executable, "-c", WATCH_OUTPUT, str(out / "perfx.json"), str(stop)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert watcher.stdout.readline() == "watching\n"
+        for _ in range(20):
+            quantize(src, out, method="rtn", overwrite=True)
+    finally:
+        stop.touch()
+        checks, missing = map(int, watcher.communicate(timeout=60)[0].split())
+    assert checks > 1000 and missing == 0

@@ -65,6 +65,7 @@ def load_directory(path: str | os.PathLike[str], quantize: str | None = None) ->
     tokenizer, tok_meta = tokenizer_for_directory(path)
     if tokenizer.vocab_size > config.vocab_size:
         raise ModelFormatError(
-            f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}"
+            f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}; "
+            "use the tokenizer files that belong to this model"
         )
     return LoadedModel(config, weights, tokenizer, {**tok_meta, "perfx": meta} if meta else tok_meta, kind)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import LayerWeights, LlamaConfig, LlamaWeights
+from ..config import LayerWeights, LlamaConfig, LlamaWeights, show
 from ..errors import ModelFormatError
 from ..weights import SUPPORTED_GROUP_SIZES, Int4Weight, int4_from_scale_zero
 from .hf import LAYER_TENSORS, LINEARS, HFCheckpoint, config_from_hf, expected_shapes, hf_name
@@ -70,9 +70,11 @@ def load_awq_directory(directory: str | os.PathLike[str]) -> tuple[LlamaConfig, 
     where = str(ckpt.dir)
     bits, group = qc.get("bits", qc.get("w_bit")), qc.get("group_size", qc.get("q_group_size"))
     version = str(qc.get("version", "gemm")).lower()
-    if bits != 4 or group not in SUPPORTED_GROUP_SIZES:
+    # type() and not ==: 4.0 or True must not pass for an integer size
+    if type(bits) is not int or bits != 4 or type(group) is not int or group not in SUPPORTED_GROUP_SIZES:
         raise ModelFormatError(
-            f"{where}: AWQ with {bits} bits and group {group} is not supported (4 bits, group {SUPPORTED_GROUP_SIZES})"
+            f"{where}: AWQ with {show(bits)} bits and group {show(group)} is not supported "
+            f"(4 bits, group {SUPPORTED_GROUP_SIZES})"
         )
     if version != "gemm":
         raise ModelFormatError(f"{where}: AWQ version {version!r} is not supported; perfx reads the GEMM layout")

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 import numpy as np
 
-from ..config import LayerWeights, LlamaConfig, LlamaWeights, RopeScaling
-from ..errors import ModelFormatError
+from ..config import ConfigCheck, LayerWeights, LlamaConfig, LlamaWeights, config_from_values, show
+from ..errors import ModelFormatError, PerfxError
 from ..weights import SUPPORTED_GROUP_SIZES, DenseWeight, Weight, quantize_rtn
 from .safetensors_io import SafetensorsFile, bf16_to_f32
 
@@ -36,78 +36,98 @@ LAYER_TENSORS = {
 LINEARS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 
-def read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path, error: type[PerfxError] = ModelFormatError) -> dict[str, Any]:
+    """A JSON object from a model file; ``error`` (a PerfxError) for anything else."""
     try:
         with open(path, encoding="utf-8") as f:
             value = json.load(f)
     except OSError as e:
-        raise ModelFormatError(f"cannot read {path}: {e.strerror or e}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelFormatError(f"{path} is not valid JSON ({e}); re-download the model") from None
+        raise error(f"cannot read {path}: {e.strerror or e}; check the file's permissions") from None
+    except RecursionError:
+        raise error(f"{path} is not valid JSON (nested too deeply); re-download the model") from None
+    except (UnicodeDecodeError, ValueError) as e:  # ValueError: JSONDecodeError, or an integer too long to read
+        raise error(f"{path} is not valid JSON ({e}); re-download the model") from None
     if not isinstance(value, dict):
-        raise ModelFormatError(f"{path} must hold a JSON object")
+        raise error(f"{path} must hold a JSON object, not {show(value)}; re-download the model")
     return value
 
 
+# LlamaConfig field -> config.json key
+HF_KEYS = {
+    "vocab_size": "vocab_size",
+    "dim": "hidden_size",
+    "n_layers": "num_hidden_layers",
+    "n_heads": "num_attention_heads",
+    "n_kv_heads": "num_key_value_heads",
+    "head_dim": "head_dim",
+    "ffn_dim": "intermediate_size",
+    "norm_eps": "rms_norm_eps",
+    "rope_theta": "rope_theta",
+    "context_length": "max_position_embeddings",
+    "tied_embeddings": "tie_word_embeddings",
+    "name": "_name_or_path",
+}
+_HF_DEFAULTS = {"norm_eps": 1e-6, "rope_theta": 10000.0, "context_length": 2048, "tied_embeddings": False, "name": ""}
+# RopeScaling field -> key inside rope_scaling
+_SCALING_KEYS = {
+    "factor": "factor",
+    "low_freq_factor": "low_freq_factor",
+    "high_freq_factor": "high_freq_factor",
+    "original_context_length": "original_max_position_embeddings",
+}
+
+
 def config_from_hf(raw: dict[str, Any], where: str) -> LlamaConfig:
-    """LlamaConfig from a Hugging Face ``config.json`` dict; ModelFormatError for other architectures."""
+    """LlamaConfig from the ``config.json`` dict of directory ``where``; ModelFormatError for other architectures."""
+    file = str(Path(where) / "config.json")
     model_type = raw.get("model_type")
-    archs = raw.get("architectures") or []
+    archs = raw.get("architectures")
     if model_type not in SUPPORTED_MODEL_TYPES:
+        listed = ", ".join(map(show, archs)) if isinstance(archs, list) and archs else "no architectures"
         raise ModelFormatError(
-            f"{where}: model_type {model_type!r} ({', '.join(map(str, archs)) or 'no architectures'}) is not a "
-            f"Llama-family model; perfx converts {', '.join(SUPPORTED_MODEL_TYPES)} checkpoints"
+            f"{file}: model_type {show(model_type)} ({listed}) is not a Llama-family model; "
+            f"perfx converts {', '.join(SUPPORTED_MODEL_TYPES)} checkpoints"
         )
     if raw.get("attention_bias") or raw.get("mlp_bias"):
-        raise ModelFormatError(f"{where}: attention/MLP biases are not supported; use a plain Llama checkpoint")
+        raise ModelFormatError(f"{file}: attention/MLP biases are not supported; use a plain Llama checkpoint")
     if model_type == "mistral" and raw.get("sliding_window") not in (None, 0):
-        raise ModelFormatError(f"{where}: sliding-window attention is not supported")
+        raise ModelFormatError(f"{file}: sliding-window attention is not supported; use a model without it")
     if raw.get("hidden_act", "silu") != "silu":
-        raise ModelFormatError(f"{where}: activation {raw.get('hidden_act')!r} is not supported (perfx runs SiLU)")
+        raise ModelFormatError(
+            f"{file}: activation {show(raw.get('hidden_act'))} is not supported (perfx runs SiLU); use a Llama model"
+        )
 
-    def need(key: str, kind: type = int) -> Any:
-        value = raw.get(key)
-        if not isinstance(value, kind) or isinstance(value, bool) or value <= 0:
-            raise ModelFormatError(f"{where}: {key!r} is {value!r}, expected a positive {kind.__name__}")
-        return value
+    names = dict(HF_KEYS)
+    values = {f: raw[k] for f, k in HF_KEYS.items() if k in raw}
+    # transformers >= 5 moves theta and scaling into rope_parameters.
+    params = raw.get("rope_parameters")
+    if isinstance(params, dict) and "rope_theta" not in raw and "rope_theta" in params:
+        values["rope_theta"], names["rope_theta"] = params["rope_theta"], "rope_parameters.rope_theta"
+    for f, default in _HF_DEFAULTS.items():
+        values.setdefault(f, default)
+    scaling_key, scaling = "rope_scaling", raw.get("rope_scaling")
+    if scaling is None and isinstance(params, dict) and params.get("rope_type") not in (None, "default"):
+        scaling_key, scaling = "rope_parameters", params
+    names["rope_scaling"] = scaling_key
+    names.update({f"rope_scaling.{f}": f"{scaling_key}.{k}" for f, k in _SCALING_KEYS.items()})
+    values["rope_scaling"] = _llama3_scaling(scaling, scaling_key, ConfigCheck(file, names))
+    return config_from_values(values, file, names)
 
-    dim, n_heads = need("hidden_size"), need("num_attention_heads")
-    n_kv = raw.get("num_key_value_heads") or n_heads
-    head_dim = raw.get("head_dim") or dim // n_heads
-    rope_params = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
-    scaling_raw = raw.get("rope_scaling") or (
-        rope_params if rope_params.get("rope_type") not in (None, "default") else None
-    )
-    theta = raw.get("rope_theta", rope_params.get("rope_theta", 10000.0))
-    scaling = None
-    if scaling_raw:
-        kind = scaling_raw.get("rope_type", scaling_raw.get("type"))
-        if kind == "llama3":
-            scaling = RopeScaling(
-                factor=float(scaling_raw["factor"]),
-                low_freq_factor=float(scaling_raw.get("low_freq_factor", 1.0)),
-                high_freq_factor=float(scaling_raw.get("high_freq_factor", 4.0)),
-                original_context_length=int(scaling_raw["original_max_position_embeddings"]),
-            )
-        elif kind not in (None, "default"):
-            raise ModelFormatError(f"{where}: RoPE scaling {kind!r} is not supported (only 'llama3')")
-    if n_heads % n_kv or head_dim % 2:
-        raise ModelFormatError(f"{where}: {n_heads} heads / {n_kv} kv heads / head_dim {head_dim} are inconsistent")
-    return LlamaConfig(
-        vocab_size=need("vocab_size"),
-        dim=dim,
-        n_layers=need("num_hidden_layers"),
-        n_heads=n_heads,
-        n_kv_heads=int(n_kv),
-        head_dim=int(head_dim),
-        ffn_dim=need("intermediate_size"),
-        norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(theta),
-        context_length=int(raw.get("max_position_embeddings", 2048)),
-        rope_scaling=scaling,
-        tied_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        name=str(raw.get("_name_or_path", "")),
-    )
+
+def _llama3_scaling(scaling: Any, key: str, check: ConfigCheck) -> Any:
+    """The RopeScaling fields of a ``rope_scaling`` object (None for no scaling), as read, for config_from_values."""
+    if scaling is None:
+        return None
+    if not isinstance(scaling, dict):
+        return scaling  # config_from_values names the wrong type
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind in (None, "default"):
+        return None
+    if kind != "llama3":
+        if not isinstance(kind, str):
+            raise check.bad(f"{key}.rope_type", kind, "a RoPE scaling name such as 'llama3'", True)
+        raise check.error(f"RoPE scaling {kind!r} ({key}.rope_type) is not supported (only 'llama3')")
+    return {f: scaling[k] for f, k in _SCALING_KEYS.items() if k in scaling}
 
 
 def expected_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
@@ -140,7 +160,7 @@ class HFCheckpoint:
             weight_map = read_json(index_path).get("weight_map")
             if not isinstance(weight_map, dict) or not weight_map:
                 raise ModelFormatError(f"{index_path} has no 'weight_map'; re-download the model")
-            self._where = {str(k): str(v) for k, v in weight_map.items()}
+            self._where = {k: _shard_name(index_path, k, v) for k, v in weight_map.items()}
         else:
             files = sorted(p.name for p in self.dir.glob("*.safetensors"))
             if not files:
@@ -152,7 +172,7 @@ class HFCheckpoint:
             for name in files:
                 for key in SafetensorsFile(self.dir / name).keys():
                     self._where[key] = name
-        missing = sorted({f for f in self._where.values() if not (self.dir / f).is_file()})
+        missing = sorted({f for f in self._where.values() if not _is_file(self.dir / f)})
         if missing:
             raise ModelFormatError(
                 f"{self.dir}: shard {missing[0]} listed in model.safetensors.index.json is missing"
@@ -212,6 +232,32 @@ class HFCheckpoint:
         """fp16/fp32 stay views of the file; bf16 widens to float32."""
         data, dtype = self.array(name, shape)
         return DenseWeight(bf16_to_f32(data) if dtype == "BF16" else data)
+
+
+def _shard_name(index_path: Path, tensor: str, shard: Any) -> str:
+    """A shard named by the index: a relative path that stays inside the model directory.
+
+    Checked by name, not by resolving it: a Hugging Face cache snapshot holds symlinks into its blob store.
+    """
+    if not isinstance(shard, str) or not shard:
+        raise ModelFormatError(
+            f"{index_path}: weight_map gives tensor {tensor!r} the shard {show(shard)}, not a file name; "
+            "re-download the model"
+        )
+    parts = PurePosixPath(shard.replace("\\", "/")).parts
+    if PurePosixPath(shard).is_absolute() or PureWindowsPath(shard).anchor or ".." in parts:
+        raise ModelFormatError(
+            f"{index_path}: weight_map names a shard outside the model directory ({shard!r}, for tensor "
+            f"{tensor!r}); perfx reads shards from the model's own directory only, so fix the index"
+        )
+    return shard
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a name no file can have (too long for the file system)
+        return False
 
 
 def hf_name(perfx_name: str, layer: int | None = None) -> str:

@@ -16,8 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from ..config import show
 from ..errors import TokenizerError
 from ..tokenizer import END_OF_TURN_NAMES, Tokenizer, TokenType, Vocab, tokenizer_from_metadata
+from .hf import read_json
 
 GGUF_TOKENIZER_FILE = "tokenizer.gguf.json"
 HF_TOKENIZER_FILES = (
@@ -28,6 +30,7 @@ HF_TOKENIZER_FILES = (
     "generation_config.json",
 )
 SPACE = "\u2581"
+_ARRAY_KINDS = "biuf"  # the element types of GGUF metadata arrays
 
 
 @lru_cache(maxsize=1)
@@ -54,7 +57,7 @@ def _token_text(value: Any) -> str | None:
 class HFJsonTokenizer(Tokenizer):
     """A ``tokenizer.json`` (byte-level BPE or SentencePiece-style BPE/Unigram) behind perfx's interface."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, config: Mapping[str, Any] | None = None):
         from tokenizers import Tokenizer as HFTokenizer
 
         path = directory / "tokenizer.json"
@@ -63,8 +66,9 @@ class HFJsonTokenizer(Tokenizer):
             spec = json.loads(path.read_text(encoding="utf-8"))
         except Exception as e:  # the library raises plain Exceptions for malformed files
             raise TokenizerError(f"cannot read {path}: {e}; re-download the tokenizer") from None
-        config_path = directory / "tokenizer_config.json"
-        config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+        if not isinstance(spec, dict):
+            raise TokenizerError(f"{path} must hold a JSON object; re-download the tokenizer")
+        config = read_tokenizer_config(directory) if config is None else config
         n = self._tk.get_vocab_size(with_added_tokens=True)
         tokens = [""] * n
         for text, i in self._tk.get_vocab(with_added_tokens=True).items():
@@ -90,8 +94,8 @@ class HFJsonTokenizer(Tokenizer):
 
         bos, eos = special("bos_token"), special("eos_token")
         probe = self._tk.encode("a", add_special_tokens=True).ids
-        add_bos = bool(config.get("add_bos_token", bos is not None and bool(probe) and probe[0] == bos))
-        add_eos = bool(config.get("add_eos_token", False))
+        add_bos = config.get("add_bos_token", bos is not None and bool(probe) and probe[0] == bos)
+        add_eos = config.get("add_eos_token", False)
         eos_ids = {i for i in (eos,) if i is not None}
         eos_ids.update(i for t, i in ids.items() if t in END_OF_TURN_NAMES and types[i] == TokenType.CONTROL)
         self._prefix_space = (
@@ -196,27 +200,63 @@ def save_gguf_tokenizer(metadata: Mapping[str, Any], path: Path) -> None:
 
 
 def load_gguf_tokenizer_metadata(path: Path) -> dict[str, Any]:
+    raw = read_json(path, TokenizerError)
+    return {k: _tagged_array(path, k, v) if isinstance(v, dict) and "__ndarray__" in v else v for k, v in raw.items()}
+
+
+def _tagged_array(path: Path, key: str, value: dict[str, Any]) -> np.ndarray:
+    """An array saved by save_gguf_tokenizer: numbers only, one dimension, as GGUF metadata arrays are."""
+    tag, data = value["__ndarray__"], value.get("data")
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise TokenizerError(f"cannot read {path}: {e}; the model directory is damaged, re-create it") from None
-    return {
-        k: np.array(v["data"], dtype=np.dtype(v["__ndarray__"])) if isinstance(v, dict) and "__ndarray__" in v else v
-        for k, v in raw.items()
-    }
+        dtype = np.dtype(tag) if isinstance(tag, str) else None
+    except (TypeError, ValueError):
+        dtype = None
+    if dtype is None or dtype.kind not in _ARRAY_KINDS:
+        raise TokenizerError(f"{path}: {key!r} has array type {show(tag)}, not a numeric dtype; re-create the model")
+    if not isinstance(data, list) or not all(isinstance(x, (int, float)) for x in data):
+        raise TokenizerError(f"{path}: {key!r} must hold a flat list of numbers, got {show(data)}; re-create the model")
+    try:
+        return np.array(data, dtype=dtype)
+    except (OverflowError, ValueError):
+        raise TokenizerError(f"{path}: {key!r} holds numbers outside {dtype}; re-create the model") from None
+
+
+def read_tokenizer_config(directory: Path) -> dict[str, Any]:
+    """``tokenizer_config.json`` ({} without one), with the keys perfx reads checked."""
+    path = directory / "tokenizer_config.json"
+    if not path.is_file():
+        return {}
+    config = read_json(path, TokenizerError)
+    for key in ("add_bos_token", "add_eos_token"):
+        if config.get(key) is None:
+            config.pop(key, None)
+        elif not isinstance(config[key], bool):
+            raise TokenizerError(
+                f"{path}: {key!r} is {show(config[key])} ({type(config[key]).__name__}), expected true or false; "
+                "fix the file or re-download the tokenizer"
+            )
+    template = config.get("chat_template")
+    if template is not None and not isinstance(template, (str, list)):
+        raise TokenizerError(
+            f"{path}: 'chat_template' is {show(template)}, expected a Jinja template string; fix the file"
+        )
+    return config
 
 
 def tokenizer_for_directory(directory: Path) -> tuple[Tokenizer, dict[str, Any]]:
     """The tokenizer of a model directory and metadata for the Model (chat template), whichever form it has."""
-    config_path = directory / "tokenizer_config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+    config = read_tokenizer_config(directory)
     if (directory / GGUF_TOKENIZER_FILE).is_file():
-        meta = load_gguf_tokenizer_metadata(directory / GGUF_TOKENIZER_FILE)
-        return tokenizer_from_metadata(meta), meta
+        path = directory / GGUF_TOKENIZER_FILE
+        meta = load_gguf_tokenizer_metadata(path)
+        try:
+            return tokenizer_from_metadata(meta), meta
+        except TokenizerError as e:
+            raise TokenizerError(f"{path}: {e}") from None  # the metadata checks name the key, not the file
     template = config.get("chat_template")
     extra = {"tokenizer.chat_template": template} if isinstance(template, str) else {}
     if (directory / "tokenizer.json").is_file():
-        return HFJsonTokenizer(directory), extra
+        return HFJsonTokenizer(directory, config), extra
     if (directory / "tokenizer.model").is_file():
         meta = metadata_from_sentencepiece(directory / "tokenizer.model", config)
         return tokenizer_from_metadata(meta), {**meta, **extra}

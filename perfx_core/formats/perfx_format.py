@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from ..config import LayerWeights, LlamaConfig, LlamaWeights, RopeScaling
+from ..config import ConfigCheck, LayerWeights, LlamaConfig, LlamaWeights, RopeScaling, config_from_values, show
 from ..errors import ModelFormatError
-from ..weights import DenseWeight, Int4Weight
-from .hf import LINEARS, expected_shapes
+from ..weights import SUPPORTED_GROUP_SIZES, DenseWeight, Int4Weight
+from .hf import LINEARS, expected_shapes, read_json
 from .safetensors_io import SafetensorsFile, StreamingWriter
 
 FORMAT_NAME = "perfx"
@@ -45,19 +45,15 @@ def config_to_json(config: LlamaConfig) -> dict[str, Any]:
     return json.loads(json.dumps(dataclasses.asdict(config)))  # tuples -> lists, nested dataclasses -> dicts
 
 
-def config_from_json(raw: dict[str, Any], where: str) -> LlamaConfig:
-    names = {f.name for f in dataclasses.fields(LlamaConfig)}
-    values = {k: v for k, v in raw.items() if k in names}
-    try:
-        if values.get("rope_scaling") is not None:
-            values["rope_scaling"] = RopeScaling(**values["rope_scaling"])
-        if isinstance(values.get("rope_freq_divisors"), list):
-            values["rope_freq_divisors"] = tuple(values["rope_freq_divisors"])
-        return LlamaConfig(**values)
-    except TypeError as e:
-        raise ModelFormatError(
-            f"{where}: the config in {METADATA_FILE} is incomplete ({e}); re-create the model"
-        ) from None
+def config_from_json(raw: Any, where: str) -> LlamaConfig:
+    """The LlamaConfig stored in the ``config`` object of directory ``where``'s perfx.json."""
+    file = str(Path(where) / METADATA_FILE)
+    if not isinstance(raw, dict):
+        raise ConfigCheck(file).bad("config", raw, "an object", True)
+    fields = {f.name for f in dataclasses.fields(LlamaConfig)}
+    names = {f: f"config.{f}" for f in fields}
+    names.update({f"rope_scaling.{f.name}": f"config.rope_scaling.{f.name}" for f in dataclasses.fields(RopeScaling)})
+    return config_from_values({k: v for k, v in raw.items() if k in fields}, file, names)
 
 
 def tensor_specs(config: LlamaConfig, group_sizes: dict[str, int]) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
@@ -121,15 +117,13 @@ class PerfxWriter:
 
 def read_metadata(directory: Path) -> dict[str, Any]:
     path = directory / METADATA_FILE
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ModelFormatError(f"cannot read {path}: {e}; re-create the model with `perfx quantize`") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-        raise ModelFormatError(f'{path} is not perfx model metadata (no "format": "perfx")')
+    meta = read_json(path)
+    if meta.get("format") != FORMAT_NAME:
+        raise ModelFormatError(f'{path} is not perfx model metadata (no "format": "perfx"); re-create the model')
     if meta.get("format_version") != FORMAT_VERSION:
         raise ModelFormatError(
-            f"{path} has format version {meta.get('format_version')!r}; this perfx reads version {FORMAT_VERSION}. "
+            f"{path} has format version {show(meta.get('format_version'))}; "
+            f"this perfx reads version {FORMAT_VERSION}. "
             "Upgrade perfx or re-create the model"
         )
     return meta
@@ -139,7 +133,7 @@ def load_perfx_directory(directory: str | os.PathLike[str]) -> tuple[LlamaConfig
     """(config, weights, perfx.json) of a perfx directory; every array is a view of the mapped file."""
     directory = Path(directory)
     meta = read_metadata(directory)
-    config = config_from_json(meta.get("config") or {}, str(directory))
+    config = config_from_json(meta.get("config", {}), str(directory))
     f = SafetensorsFile(directory / WEIGHTS_FILE)
     where = directory / WEIGHTS_FILE
 
@@ -158,8 +152,16 @@ def load_perfx_directory(directory: str | os.PathLike[str]) -> tuple[LlamaConfig
     def linear(prefix: str, shape: tuple[int, int]) -> Int4Weight:
         rows, cols = shape
         scales = get(prefix + ".scales", np.float16)
-        if scales.shape[0] != rows or scales.shape[1] == 0 or cols % scales.shape[1]:
-            raise ModelFormatError(f"{where}: {prefix}.scales has shape {scales.shape}, which does not fit {shape}")
+        if (
+            scales.shape[0] != rows
+            or scales.shape[1] == 0
+            or cols % scales.shape[1]
+            or cols // scales.shape[1] not in SUPPORTED_GROUP_SIZES
+        ):
+            raise ModelFormatError(
+                f"{where}: {prefix}.scales has shape {scales.shape}, which does not fit {shape} with a group size "
+                f"of {', '.join(map(str, SUPPORTED_GROUP_SIZES))}; re-create the model"
+            )
         return Int4Weight(
             get(prefix + ".qweight", np.uint8, (rows, cols // 2)),
             scales,

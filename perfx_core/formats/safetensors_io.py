@@ -8,6 +8,7 @@ ordinary safetensors files (``safe_open`` reads them; the tests check that).
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..config import show
 from ..errors import ModelFormatError
 
 # safetensors dtype names -> NumPy dtypes. BF16 has no NumPy dtype: it is read as raw uint16 bits.
@@ -33,6 +35,7 @@ DTYPES: dict[str, np.dtype] = {
 }
 _NAMES = {v: k for k, v in DTYPES.items() if k != "BF16"}
 _MAX_HEADER = 100 << 20
+_MAX_DIMS = 32  # NumPy 1.x's limit; real tensors have at most a few
 
 
 @dataclass(frozen=True)
@@ -53,38 +56,68 @@ class SafetensorsFile:
             with open(self.path, "rb") as f:
                 head = f.read(8)
                 if len(head) < 8:
-                    raise ModelFormatError(f"{self.path} is too short to be a safetensors file")
+                    raise self._bad("too short to be a safetensors file")
                 (n,) = struct.unpack("<Q", head)
                 if n > min(_MAX_HEADER, size - 8):
-                    raise ModelFormatError(f"{self.path}: header length {n} is impossible; the file is not safetensors")
+                    raise self._bad(f"header length {n} is impossible; the file is not safetensors")
                 header = json.loads(f.read(n))
         except OSError as e:
-            raise ModelFormatError(f"cannot read {self.path}: {e.strerror or e}") from None
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise ModelFormatError(f"{self.path}: the header is not JSON; the file is not safetensors") from None
+            raise ModelFormatError(f"cannot read {self.path}: {e.strerror or e}; check the path") from None
+        except RecursionError:
+            raise self._bad("the header is nested too deeply; the file is not safetensors") from None
+        except (UnicodeDecodeError, ValueError):
+            raise self._bad("the header is not JSON; the file is not safetensors") from None
         if not isinstance(header, dict):
-            raise ModelFormatError(f"{self.path}: the header is not a JSON object")
-        self.metadata: dict[str, str] = header.pop("__metadata__", None) or {}
+            raise self._bad("the header is not a JSON object")
+        metadata = header.pop("__metadata__", None) or {}
+        if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+            raise self._bad("'__metadata__' must map strings to strings")
+        self.metadata: dict[str, str] = metadata
         self._data_start = 8 + n
-        self.entries: dict[str, TensorEntry] = {}
         data_size = size - self._data_start
-        for name, info in header.items():
-            try:
-                entry = TensorEntry(
-                    str(info["dtype"]), tuple(int(d) for d in info["shape"]), *map(int, info["data_offsets"])
-                )
-            except (KeyError, TypeError, ValueError):
-                raise ModelFormatError(f"{self.path}: tensor {name!r} has a malformed header entry") from None
-            if entry.dtype in DTYPES:
-                expected = int(np.prod(entry.shape, dtype=np.int64)) * DTYPES[entry.dtype].itemsize
-                if entry.end - entry.begin != expected:
-                    raise ModelFormatError(
-                        f"{self.path}: tensor {name!r} has {entry.end - entry.begin} bytes, expected {expected}"
-                    )
-            if not 0 <= entry.begin <= entry.end <= data_size:
-                raise ModelFormatError(f"{self.path}: tensor {name!r} lies outside the file; it is truncated")
-            self.entries[name] = entry
+        self.entries = {name: self._entry(name, info, data_size) for name, info in header.items()}
+        self._check_overlaps()
         self._map = np.memmap(self.path, dtype=np.uint8, mode="r") if size > 0 else np.zeros(0, np.uint8)
+
+    def _bad(self, problem: str) -> ModelFormatError:
+        return ModelFormatError(f"{self.path}: {problem}; re-download or re-create the file")
+
+    def _entry(self, name: str, info: Any, data_size: int) -> TensorEntry:
+        """One header entry, checked as the safetensors library does, before anything is sized by it."""
+        if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
+            raise self._bad(f"tensor {name!r} has a malformed header entry")
+        dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        if not isinstance(dtype, str):
+            raise self._bad(f"tensor {name!r} has dtype {show(dtype)}, not a dtype name")
+        dims_ok = isinstance(shape, list) and len(shape) <= _MAX_DIMS
+        if not dims_ok or not all(_is_int(d) and 0 <= d < 1 << 63 for d in shape):
+            raise self._bad(f"tensor {name!r} has shape {show(shape)}, not a list of dimensions")
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(_is_int(o) for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1]
+        ):
+            raise self._bad(f"tensor {name!r} has data_offsets {show(offsets)}, not [begin, end] byte offsets")
+        begin, end = offsets
+        if dtype in DTYPES:
+            expected = math.prod(shape) * DTYPES[dtype].itemsize  # Python ints: no overflow
+            if end - begin != expected:
+                raise self._bad(
+                    f"tensor {name!r} has {end - begin} bytes but dtype {dtype} and shape {show(shape)} need {expected}"
+                )
+        if end > data_size:
+            raise self._bad(f"tensor {name!r} lies outside the file (bytes {begin}..{end} of {data_size}): truncated")
+        return TensorEntry(dtype, tuple(shape), begin, end)
+
+    def _check_overlaps(self) -> None:
+        spans = sorted((e.begin, e.end, name) for name, e in self.entries.items() if e.end > e.begin)
+        # Sorted by start, a tensor overlapping any earlier one overlaps the one just before it.
+        for (prev_begin, prev_end, prev), (begin, end, name) in zip(spans, spans[1:], strict=False):
+            if begin < prev_end:
+                raise self._bad(
+                    f"tensors {prev!r} and {name!r} overlap (bytes {prev_begin}..{prev_end} and {begin}..{end})"
+                )
 
     def __contains__(self, name: str) -> bool:
         return name in self.entries
@@ -99,6 +132,10 @@ class SafetensorsFile:
             raise ModelFormatError(f"{self.path}: tensor {name!r} has dtype {entry.dtype}, which perfx cannot read")
         raw = self._map[self._data_start + entry.begin : self._data_start + entry.end]
         return raw.view(DTYPES[entry.dtype]).reshape(entry.shape)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:

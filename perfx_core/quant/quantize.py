@@ -1,14 +1,13 @@
 """``quantize(src, out)``: a Hugging Face directory or a GGUF in, a perfx int4 directory out, block by block.
 
-The output is built in a temporary directory beside ``out`` and renamed into place only when complete, so an
-interrupted or failed run leaves nothing at ``out`` (and the temporary directory is removed).
+The output is built in a directory beside ``out`` and renamed into place only when complete and synced (see
+``staging``), so an interrupted, failed or killed run leaves nothing at ``out``; what a killed run leaves beside
+it is removed by the next run.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from .awq import awq_block
 from .calibration import load_calibration
 from .forward import block_forward
 from .sources import open_source
+from .staging import StagedDirectory, remove_stale
 
 METHODS = ("rtn", "awq")
 
@@ -80,7 +80,10 @@ def quantize(
     calibration = load_calibration(source.tokenizer(), calib, n_samples, seqlen) if method == "awq" else None
 
     report = QuantizeReport(out, method, 0.0, group_sizes)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    for stale in remove_stale(out):
+        log(f"removed {stale}, left by an interrupted run")
+    staged = StagedDirectory(out)
+    tmp = staged.path
     writer: PerfxWriter | None = None
     try:
         writer = PerfxWriter(tmp, config, group_sizes)
@@ -113,12 +116,14 @@ def quantize(
             _metadata(method, group_size, group_sizes, calibration, source.description, tokenizer_info, loss_tokens)
         )
         writer = None
-        _move_into_place(tmp, out)
+        staged.publish()
     except BaseException:
         if writer is not None:
             writer.abort()
-        shutil.rmtree(tmp, ignore_errors=True)
+        staged.discard()
         raise
+    finally:
+        staged.close()
     report.seconds = time.perf_counter() - started
     return report
 
@@ -155,17 +160,3 @@ def _check_replaceable(out: Path, src: Path) -> None:
         raise InvalidArgumentError(
             f"{out} exists and is not a perfx model directory; --force only replaces an earlier perfx output"
         )
-
-
-def _move_into_place(tmp: Path, out: Path) -> None:
-    if not out.exists():
-        os.replace(tmp, out)
-        return
-    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-    os.replace(out, aside / "old")
-    try:
-        os.replace(tmp, out)
-    except BaseException:
-        os.replace(aside / "old", out)  # put the earlier output back: never leave OUT missing
-        raise
-    shutil.rmtree(aside, ignore_errors=True)
