@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import os
-import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .chat_template import render_chat
-from .config import LlamaConfig
+from .chat_template import message_spans, render_chat
+from .config import LlamaConfig, LlamaWeights
 from .default_model import resolve_model_path
 from .errors import InvalidArgumentError, ModelFormatError, ModelNotFoundError
 from .generation import Generation, GenerationStats
 from .model import LlamaModel
 from .plugins import get_registry
 from .sampling import SamplingParams
+from .slots import SlotPool
 from .tokenizer import Tokenizer, tokenizer_from_metadata
+from .weights import take_rows
 
 DEFAULT_CONTEXT = 4096  # KV cache length when the caller does not ask: bounded memory for long-context models
 GGUF_MAGIC = b"GGUF"
@@ -36,15 +38,10 @@ class Model:
         self.metadata = metadata
         self.chat_template: str | None = metadata.get("tokenizer.chat_template")
         self.last_stats: GenerationStats | None = None
-        self._active: weakref.ref[Generation] | None = None
-
-    def _end_active_generation(self) -> None:
-        """KV slot 0 and the work buffers serve one request at a time: a new one ends the previous generation
-        (it finishes as "cancelled") instead of silently corrupting it."""
-        active = self._active() if self._active is not None else None
-        if active is not None:
-            active.close()
-        self._active = None
+        # Each generation holds a KV slot of its own and steps under one lock (perfx_core.slots): with n_slots > 1
+        # that many generations can run from different threads; a new one from the same thread when every slot
+        # is held ends that thread's previous one ("cancelled").
+        self._slots = SlotPool(model.n_slots)
 
     @property
     def runtime(self):
@@ -60,8 +57,12 @@ class Model:
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """Teacher-forced logits, float32 (len(token_ids), vocab): row i predicts token i + 1."""
-        self._end_active_generation()
-        return self.engine.prefill(_token_ids(token_ids), slot=0, start=0, all_logits=True)
+        ids = _token_ids(token_ids)
+        with self._slots.lock:
+            slot, _ = self._slots.take(ids, reuse=False)  # every row's logits are wanted: nothing is skipped
+            logits = self.engine.prefill(ids, slot=slot, start=0, all_logits=True)
+            self._slots.prefixes.remember(slot, ids)
+            return logits
 
     def generate(
         self,
@@ -77,12 +78,19 @@ class Model:
         stop: Sequence[str] = (),
         profile: bool = False,
         ignore_eos: bool = False,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        logit_bias: Mapping[int, float] | None = None,
+        min_tokens: int = 0,
+        stop_token_ids: Sequence[int] = (),
+        include_stop: bool = False,
     ) -> Generation:
         """Stream a completion: iterate the result for TokenEvent(id, text); ``.stats`` when done.
 
         A string prompt is tokenized with the model's BOS convention; a list of ids is used as is.
+        ``stop_token_ids`` end the generation like end-of-sequence tokens (which ``min_tokens`` holds off);
+        ``include_stop`` keeps the stop string that ended it in the text.
         """
-        self._end_active_generation()
         ids = self.tokenizer.encode(prompt, add_special=True) if isinstance(prompt, str) else _token_ids(prompt)
         sampling = SamplingParams(
             temperature=temperature,
@@ -91,26 +99,43 @@ class Model:
             min_p=min_p,
             repetition_penalty=repetition_penalty,
             seed=seed,
+            frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty,
+            logit_bias=_logit_bias(logit_bias, self.config.vocab_size),
+            min_tokens=min_tokens,
         )
-        generation = Generation(
-            self.engine,
-            self.tokenizer,
-            ids,
-            max_tokens=max_tokens,
-            sampling=sampling,
-            stop=[stop] if isinstance(stop, str) else list(stop),
-            profile=profile,
-            ignore_eos=ignore_eos,
-        )
+        stops = [stop] if isinstance(stop, str) else list(stop)
+        with self._slots.lock:
+            generation = Generation(
+                self.engine,
+                self.tokenizer,
+                ids,
+                max_tokens=max_tokens,
+                sampling=sampling,
+                stop=stops,
+                profile=profile,
+                ignore_eos=ignore_eos,
+                stop_token_ids=_token_ids(stop_token_ids),
+                include_stop=include_stop,
+                lock=self._slots.lock,
+                on_end=self._slots.release,
+            )
+            # Only once the arguments are known good: taking a slot may end this thread's previous generation.
+            generation.slot, generation.cached = self._slots.take(generation.prompt_ids)
+            self._slots.hold(generation.slot, generation)
         self.last_stats = generation.stats
-        self._active = weakref.ref(generation)
         return generation
 
     def chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> Generation:
         """Like generate, for a list of {'role', 'content'} messages rendered with the model's chat template."""
         return self.generate(self.chat_prompt_ids(messages), **kwargs)
 
-    def render_chat(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> str:
         tok = self.tokenizer
         return render_chat(
             self.chat_template,
@@ -118,18 +143,26 @@ class Model:
             bos_token=tok.token_to_piece(tok.bos_id) if tok.bos_id is not None else "",
             eos_token=tok.token_to_piece(tok.eos_id) if tok.eos_id is not None else "",
             add_generation_prompt=add_generation_prompt,
+            cancelled=cancelled,
         )
 
-    def chat_prompt_ids(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    def chat_prompt_ids(
+        self, messages: Sequence[Mapping[str, Any]], cancelled: Callable[[], bool] | None = None
+    ) -> list[int]:
+        """The token ids of the rendered conversation. Control tokens are parsed in the template's own text
+        only: a message that spells one ("<|im_start|>") keeps it as plain text, so no message can open a turn."""
         tok = self.tokenizer
-        ids = tok.encode(self.render_chat(messages), add_special=False, parse_special=True)
+        text = self.render_chat(messages, cancelled=cancelled)
+        spans = message_spans(text, [m.get("content") for m in messages], tok.find_control_text)
+        ids = tok.encode(text, add_special=False, parse_special=True, literal_spans=spans)
         if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
             ids.insert(0, tok.bos_id)
         return ids
 
     def close(self) -> None:
-        self._end_active_generation()
-        self.engine.close()
+        with self._slots.lock:
+            self._slots.close_all()
+            self.engine.close()
 
 
 def load(
@@ -141,12 +174,14 @@ def load(
     n_slots: int = 1,
     prefill_chunk: int = 256,
     quantize: str | None = None,
+    kv_dtype: str | None = None,
 ) -> Model:
     """Load a model onto ``backend``/``device``. ``path=None`` uses $PERFX_MODEL or the bundled default.
 
     ``path`` is a GGUF file or a model directory (perfx format, Hugging Face float or AutoAWQ checkpoint).
     ``context_length`` bounds the KV cache (default: the model's, at most 4096 tokens).
     ``quantize="rtn"`` quantizes a Hugging Face float checkpoint to int4 while loading.
+    ``kv_dtype`` ("float32" or "float16") is the KV cache's; None lets the backend choose (float16 on OpenCL GPUs).
     """
     model_path = resolve_model_path(path)
     if context_length is not None and (not isinstance(context_length, int) or context_length < 1):
@@ -175,6 +210,7 @@ def load(
             n_slots=n_slots,
             max_seq_len=min(context_length or DEFAULT_CONTEXT, config.context_length),
             prefill_chunk=prefill_chunk,
+            kv_dtype=kv_dtype,
         )
     except BaseException:
         runtime.close()
@@ -188,11 +224,30 @@ def _read_model(path: Path, quantize: str | None):
         from .formats import load_directory
 
         loaded = load_directory(path, quantize=quantize)
-        return loaded.config, loaded.weights, loaded.tokenizer, loaded.metadata
+        config, weights = _drop_padded_vocab(loaded.config, loaded.weights, loaded.tokenizer.vocab_size)
+        return config, weights, loaded.tokenizer, loaded.metadata
     from .gguf_loader import load_llama_gguf  # deferred: the gguf library is slow to import
 
     config, weights, gguf = load_llama_gguf(path)
     return config, weights, tokenizer_from_metadata(gguf.metadata), gguf.metadata
+
+
+def _drop_padded_vocab(config: LlamaConfig, weights: LlamaWeights, n_tokens: int) -> tuple[LlamaConfig, LlamaWeights]:
+    """Hugging Face checkpoints often pad the embedding beyond the tokenizer (to a multiple of 64, say). Ids past
+    the tokenizer can never be input, and must never be sampled: the model keeps the tokenizer's rows only."""
+    if n_tokens > config.vocab_size:
+        raise ModelFormatError(
+            f"the tokenizer has {n_tokens} tokens but the embedding has only {config.vocab_size} rows; the tokenizer "
+            "and the model disagree, so check that both files come from the same checkpoint"
+        )
+    if n_tokens == config.vocab_size:
+        return config, weights
+    rows = np.arange(n_tokens)
+    embedding = take_rows(weights.token_embedding, rows)
+    output = embedding if weights.output is weights.token_embedding else take_rows(weights.output, rows)
+    weights.token_embedding, weights.output = embedding, output
+    weights.notes.append(f"the embedding's {config.vocab_size - n_tokens} padding rows past the tokenizer are dropped")
+    return dataclasses.replace(config, vocab_size=n_tokens), weights
 
 
 def _magic(path: Path) -> bytes:
@@ -201,6 +256,17 @@ def _magic(path: Path) -> bytes:
             return f.read(4)
     except OSError as exc:
         raise ModelNotFoundError(f"cannot read model file {path}: {exc.strerror or exc}") from exc
+
+
+def _logit_bias(bias: Mapping[int, float] | None, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    if not bias:
+        return ()
+    if not isinstance(bias, Mapping):
+        raise InvalidArgumentError("logit_bias must be a mapping of token id to bias")
+    ids = _token_ids(list(bias))
+    if any(not 0 <= t < vocab_size for t in ids):
+        raise InvalidArgumentError(f"logit_bias token ids must be in [0, {vocab_size})")
+    return tuple(zip(ids, bias.values(), strict=True))
 
 
 def _token_ids(tokens: Sequence[int]) -> list[int]:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import datetime
 import json
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
 import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .errors import InvalidArgumentError, ModelFormatError
+from .errors import InvalidArgumentError, ModelFormatError, RequestCancelledError
+from .template_sandbox import BoundedSandbox, RenderBudget, RenderBudgetExceeded, render_within
 
 # Used only when a model ships no template; ChatML is what most small instruct models were tuned on.
 FALLBACK_CHATML = (
@@ -20,6 +20,10 @@ FALLBACK_CHATML = (
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 ROLES = ("system", "user", "assistant", "tool")
+RENDER_SECONDS = 2.0  # templates render in milliseconds; this only stops one that loops
+# The rendered prompt may be this many times the messages' own text, plus a fixed allowance for the template's.
+RENDER_SIZE_FACTOR = 4
+RENDER_SIZE_ALLOWANCE = 1 << 16
 
 
 def _raise_exception(message: str) -> None:
@@ -30,10 +34,13 @@ def _strftime_now(fmt: str) -> str:
     return datetime.datetime.now().strftime(fmt)
 
 
+MAX_TEMPLATE_VALUE = 1 << 22  # characters (or items) of any one value a template builds
+
+
 @lru_cache(maxsize=8)
 def _compile(source: str) -> jinja2.Template:
     # Templates come from model files: render them sandboxed, with the helpers HF templates expect.
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env = BoundedSandbox(MAX_TEMPLATE_VALUE, trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
@@ -63,19 +70,67 @@ def render_chat(
     bos_token: str = "",
     eos_token: str = "",
     add_generation_prompt: bool = True,
+    cancelled: Callable[[], bool] | None = None,
 ) -> str:
-    """The prompt text for ``messages``; falls back to ChatML (with a warning) when ``template`` is None."""
+    """The prompt text for ``messages``; falls back to ChatML (with a warning) when ``template`` is None.
+
+    The render is bounded (template_sandbox): RENDER_SECONDS, an output of RENDER_SIZE_FACTOR times the
+    messages' text plus RENDER_SIZE_ALLOWANCE, and ``cancelled()`` (polled while it runs) stops it early.
+    """
     if not template:
         warnings.warn("the model has no chat template; using ChatML", stacklevel=2)
         template = FALLBACK_CHATML
+    clean = validate_messages(messages)
+    text_size = sum(len(m["content"]) for m in clean)
+    budget = RenderBudget(
+        seconds=RENDER_SECONDS,
+        max_chars=RENDER_SIZE_FACTOR * text_size + RENDER_SIZE_ALLOWANCE,
+        cancelled=cancelled,
+    )
+    variables = dict(
+        messages=clean, add_generation_prompt=add_generation_prompt, bos_token=bos_token, eos_token=eos_token
+    )
     try:
-        return _compile(template).render(
-            messages=validate_messages(messages),
-            add_generation_prompt=add_generation_prompt,
-            bos_token=bos_token,
-            eos_token=eos_token,
-        )
+        return render_within(_compile(template), variables, budget)
     except InvalidArgumentError:
         raise  # raise_exception() in the template: the conversation is what it rejects
+    except RenderBudgetExceeded as exc:
+        if cancelled is not None and cancelled():
+            raise RequestCancelledError("the chat template's render was cancelled with its request") from None
+        raise ModelFormatError(f"the model's chat template exceeded its render budget: {exc}") from None
     except Exception as exc:  # a template is the model file's code: any failure of it is the file's
         raise ModelFormatError(f"the model's chat template failed to render: {type(exc).__name__}: {exc}") from exc
+
+
+def message_spans(
+    rendered: str, contents: Sequence[Any], find_control_text: Callable[[str], str | None]
+) -> list[tuple[int, int]]:
+    """Where the messages that spell a control token sit in ``rendered`` (sorted (start, end) spans), so that
+    the tokenizer keeps their text literal. Templates copy a message's text in order, sometimes stripped; one
+    that spells a control token and cannot be found is refused rather than tokenized as control tokens."""
+    spans: list[tuple[int, int]] = []
+    pos = 0
+    for i, content in enumerate(contents):
+        if not isinstance(content, str) or (spelled := find_control_text(content)) is None:
+            continue
+        for candidate in (content, content.strip()):
+            start = rendered.find(candidate, pos)
+            if start < 0:
+                start = rendered.find(candidate)
+            if start >= 0 and find_control_text(candidate) is not None:
+                spans.append((start, start + len(candidate)))
+                pos = start + len(candidate)
+                break
+        else:
+            raise InvalidArgumentError(
+                f"message {i} spells the control token {spelled!r}, and this model's chat template changes the "
+                "message text so it cannot be kept as plain text; remove that text from the message"
+            )
+    spans.sort()
+    merged: list[tuple[int, int]] = []
+    for start, end in spans:  # disjoint, as the tokenizer expects
+        if merged and start < merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    return merged

@@ -35,6 +35,14 @@ class PluginError(PerfxError):
     """A plugin registered something invalid; the message names the plugin."""
 
 
+class ModelBusyError(PerfxError):
+    """Every KV-cache slot of the model is held by a generation of another thread."""
+
+
+class RequestCancelledError(PerfxError):
+    """The caller cancelled the work (a server request whose client went away)."""
+
+
 class ContextLengthError(InvalidArgumentError):
     """Prompt tokens plus requested new tokens do not fit the model's context."""
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -12,6 +13,7 @@ import numpy as np
 from .errors import ContextLengthError, InvalidArgumentError
 from .measure import peak_host_bytes
 from .sampling import Sampler, SamplingParams
+from .stop_strings import StopMatcher, check_stop_strings
 
 if TYPE_CHECKING:
     from .model import LlamaModel
@@ -64,6 +66,7 @@ def accept_token(
 @dataclass
 class GenerationStats:
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of which already in the KV cache (prefix caching): not prefilled again
     generated_tokens: int = 0
     time_to_first_token_s: float = 0.0  # from the first next() to the first sampled token (prompt already tokenized)
     prefill_s: float = 0.0
@@ -88,9 +91,11 @@ class StreamingText:
     """Turns a growing list of token ids into text deltas, holding back an unfinished UTF-8 character
     and any tail that could be the start of a stop string."""
 
-    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str]):
+    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str], include_stop: bool = False):
         self.tokenizer = tokenizer
-        self.stop = [s for s in stop if s]
+        self.include_stop = include_stop  # the text ends with the stop string found, not before it
+        self.stop = check_stop_strings(stop)
+        self._stops = StopMatcher(self.stop)
         self.ids: list[int] = []
         self._checkpoint = 0  # decode(ids[:_checkpoint]) == _checkpoint_text
         self._checkpoint_text = ""
@@ -100,15 +105,18 @@ class StreamingText:
 
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
+        if self.stopped:  # the completion ended at its stop string: nothing after it is text
+            return ""
         text = self._decoded_text()
         if text.endswith("\ufffd"):
             return ""  # a multi-byte character is split across tokens: wait for the rest
-        for s in self.stop:
-            cut = text.find(s, max(0, len(self.emitted) - len(s)))
-            if cut != -1:
-                self.stopped = True
-                return self._emit(text[:cut])
-        return self._emit(text[: len(text) - self._pending_stop_prefix(text)])
+        if not self.stop:
+            return self._emit(text)
+        found, pending = self._stops.feed(text, len(self.emitted))
+        if found is not None:
+            self.stopped = True
+            return self._emit(text[: found[1] if self.include_stop else found[0]])
+        return self._emit(text[: len(text) - pending])
 
     def _decoded_text(self) -> str:
         """decode(self.ids), re-decoding only the tokens after the last checkpoint (linear, not quadratic).
@@ -126,16 +134,6 @@ class StreamingText:
             self._checkpoint_head = self.tokenizer.decode(self.ids[max(0, self._checkpoint - CONTEXT_TOKENS) :])
         return text
 
-    def _pending_stop_prefix(self, text: str) -> int:
-        """Length of the longest tail of ``text`` that is a proper prefix of a stop string."""
-        longest = 0
-        for s in self.stop:
-            for n in range(min(len(s) - 1, len(text)), longest, -1):
-                if text.endswith(s[:n]):
-                    longest = n
-                    break
-        return longest
-
     def _emit(self, text: str) -> str:
         delta = text[len(self.emitted) :] if text.startswith(self.emitted) else ""
         self.emitted += delta
@@ -151,7 +149,9 @@ class StreamingText:
 class Generation:
     """An iterator of TokenEvent for one request; ``stats``, ``text`` and ``token_ids`` fill in as it runs.
 
-    Stopping early (``close()`` or leaving a for-loop with break) ends it with finish_reason "cancelled".
+    Stopping early (``close()``, or dropping it after leaving a for-loop with break) ends it with finish_reason
+    "cancelled". ``lock`` is held for each step, so generations on other slots of the same model may be
+    iterated from other threads; ``on_end`` is called once, when it ends for any reason.
     """
 
     def __init__(
@@ -166,8 +166,12 @@ class Generation:
         slot: int = 0,
         profile: bool = False,
         ignore_eos: bool = False,
+        stop_token_ids: Collection[int] = (),
+        include_stop: bool = False,
+        lock: AbstractContextManager | None = None,
+        on_end: Callable[[Generation], None] | None = None,
     ):
-        if not isinstance(max_tokens, (int, np.integer)) or max_tokens < 1:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens < 1:
             raise InvalidArgumentError(f"max_tokens must be an integer >= 1; got {max_tokens!r}")
         if len(prompt_ids) == 0:
             raise InvalidArgumentError("the prompt is empty: give at least one token of text")
@@ -177,8 +181,9 @@ class Generation:
         self.tokenizer = tokenizer
         self.prompt_ids = list(prompt_ids)
         self.max_tokens = int(max_tokens)
-        self.sampler = Sampler(sampling)
-        self.streaming = StreamingText(tokenizer, stop)
+        self.end_ids = frozenset(tokenizer.eos_ids) | frozenset(stop_token_ids)
+        self.sampler = Sampler(sampling, self.end_ids)
+        self.streaming = StreamingText(tokenizer, stop, include_stop=include_stop)
         self.slot = slot
         self.profile = profile
         self.ignore_eos = ignore_eos
@@ -186,16 +191,33 @@ class Generation:
         self.token_ids: list[int] = []
         self.text = ""
         self._decode_steps = 0
+        self.cached = 0  # prompt tokens already in the slot's cache (prefix caching): prefill starts after them
+        self._kv_tokens = 0  # positions of the slot's cache this generation has written, from 0
+        self._lock = lock if lock is not None else nullcontext()
+        self._on_end = on_end
         self._events = self._run()
 
     def __iter__(self) -> Iterator[TokenEvent]:
         return self
 
     def __next__(self) -> TokenEvent:
-        return next(self._events)
+        with self._lock:
+            return next(self._events)
 
     def close(self) -> None:
-        self._events.close()
+        with self._lock:
+            self._events.close()
+            self._end()  # a generation never started has no ``finally`` to run
+
+    def cached_tokens(self) -> list[int]:
+        """The tokens whose keys and values this generation left in its slot, from position 0 (only as far as
+        it wrote them: a prefill that failed part-way leaves what was there before)."""
+        return (self.prompt_ids + self.token_ids)[: self._kv_tokens]
+
+    def _end(self) -> None:
+        on_end, self._on_end = self._on_end, None
+        if on_end is not None:
+            on_end(self)
 
     def run(self) -> str:
         """Consume the whole generation; returns the text."""
@@ -211,7 +233,10 @@ class Generation:
         stats.finish_reason = "cancelled"
         start = time.perf_counter()
         try:
-            logits = model.prefill(self.prompt_ids, slot=self.slot)
+            self._kv_tokens = self.cached
+            logits = model.prefill(self.prompt_ids[self.cached :], slot=self.slot, start=self.cached)
+            self._kv_tokens = len(self.prompt_ids)
+            stats.cached_prompt_tokens = self.cached
             stats.prefill_s = time.perf_counter() - start
             decode_start = time.perf_counter()
             position = len(self.prompt_ids)
@@ -224,14 +249,14 @@ class Generation:
                 if picked is not None:
                     token = picked
                 else:
-                    # The history only matters to the repetition penalty: do not rebuild it for every token.
-                    penalty = self.sampler.params.repetition_penalty != 1.0
-                    token = self.sampler(logits, self.prompt_ids + self.token_ids if penalty else ())
+                    # The history only matters to the penalties: do not rebuild it for every token.
+                    history = self.prompt_ids + self.token_ids if params.needs_history else ()
+                    token = self.sampler(logits, history, self.token_ids)
                 if not self.token_ids:
                     stats.time_to_first_token_s = time.perf_counter() - start
                     decode_start = time.perf_counter()
                 delta, reason = accept_token(
-                    token, self.token_ids, self.streaming, self.tokenizer.eos_ids, self.ignore_eos, self.max_tokens
+                    token, self.token_ids, self.streaming, self.end_ids, self.ignore_eos, self.max_tokens
                 )
                 if delta is not None:
                     stats.generated_tokens = len(self.token_ids)
@@ -248,6 +273,7 @@ class Generation:
                 else:
                     logits = model.decode([token], [self.slot], [position])[0]
                 position += 1
+                self._kv_tokens = position
                 self._decode_steps += 1
                 stats.decode_s = time.perf_counter() - decode_start
             tail = self.streaming.flush()
@@ -256,11 +282,12 @@ class Generation:
                 yield TokenEvent(self.token_ids[-1], tail)
         finally:
             self._finish_stats(ops)
+            self._end()
 
     def _finish_stats(self, ops) -> None:
         stats = self.stats
         if stats.prefill_s > 0:
-            stats.prefill_tokens_per_s = stats.prompt_tokens / stats.prefill_s
+            stats.prefill_tokens_per_s = (stats.prompt_tokens - stats.cached_prompt_tokens) / stats.prefill_s
         if self._decode_steps and stats.decode_s > 0:
             stats.decode_tokens_per_s = self._decode_steps / stats.decode_s
         stats.peak_host_bytes = peak_host_bytes()

@@ -1,18 +1,25 @@
-"""Choosing the next token from logits: greedy, temperature, top-k, top-p, min-p, repetition penalty, seed.
+"""Choosing the next token from logits: greedy, temperature, top-k, top-p, min-p, penalties, logit bias, seed.
 
-Order (as in Hugging Face transformers): repetition penalty, temperature, then top-k, top-p and min-p
-filters on the tempered distribution, then a seeded draw. Temperature 0 means greedy.
+Order (as in Hugging Face transformers): the logit adjustments (repetition penalty over prompt and output,
+OpenAI's frequency and presence penalties over the output, logit bias, and end tokens masked until min_tokens),
+temperature, then top-k, top-p and min-p filters on the tempered distribution, then a seeded draw. Temperature 0
+means greedy.
 """
 
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from .errors import InvalidArgumentError
+
+INT32_MAX = 2**31 - 1
+UINT64_MAX = 2**64 - 1
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+MAX_LOGIT_BIAS = 1024
 
 
 @dataclass(frozen=True)
@@ -23,47 +30,97 @@ class SamplingParams:
     min_p: float = 0.05  # 0.0 disables
     repetition_penalty: float = 1.0  # 1.0 disables
     seed: int | None = None
+    frequency_penalty: float = 0.0  # subtracted once per earlier occurrence in the output
+    presence_penalty: float = 0.0  # subtracted once from every token already in the output
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    min_tokens: int = 0  # end tokens (Sampler's end_ids) cannot be drawn before this many were generated
 
     def __post_init__(self) -> None:
-        for name in ("temperature", "top_p", "min_p", "repetition_penalty"):
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise InvalidArgumentError(f"{name} must be a number; got {value!r}")
         if not np.isfinite(self.temperature) or self.temperature < 0:
             raise InvalidArgumentError(f"temperature must be >= 0 (0 is greedy); got {self.temperature}")
-        if not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
-            raise InvalidArgumentError(f"top_k must be an integer >= 0 (0 disables it); got {self.top_k!r}")
+        if not np.isfinite(np.float32(self.temperature)):  # it travels to the device as a float32
+            raise InvalidArgumentError(f"temperature must be at most {FLOAT32_MAX:.3g}; got {self.temperature}")
+        # top_k travels to the device as an int32: a larger value would not fit (and keeps every token anyway).
+        if (
+            isinstance(self.top_k, bool)
+            or not isinstance(self.top_k, (int, np.integer))
+            or not 0 <= self.top_k <= INT32_MAX
+        ):
+            raise InvalidArgumentError(
+                f"top_k must be an integer in [0, {INT32_MAX}] (0 disables it); got {self.top_k!r}"
+            )
         if not 0 < self.top_p <= 1 or np.float32(self.top_p) == 0:  # it travels to the device as a float32
             raise InvalidArgumentError(f"top_p must be in (0, 1] and at least 1.2e-38 (float32); got {self.top_p}")
         if not 0 <= self.min_p < 1:
             raise InvalidArgumentError(f"min_p must be in [0, 1); got {self.min_p}")
         if not np.isfinite(self.repetition_penalty) or self.repetition_penalty <= 0:
             raise InvalidArgumentError(f"repetition_penalty must be > 0 (1 disables it); got {self.repetition_penalty}")
-        if self.seed is not None and (not isinstance(self.seed, (int, np.integer)) or self.seed < 0):
-            raise InvalidArgumentError(f"seed must be a non-negative integer; got {self.seed!r}")
+        if self.seed is not None and (
+            isinstance(self.seed, bool)
+            or not isinstance(self.seed, (int, np.integer))
+            or not 0 <= self.seed <= UINT64_MAX
+        ):
+            raise InvalidArgumentError(f"seed must be an integer in [0, 2**64); got {self.seed!r}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise InvalidArgumentError(f"{name} must be in [-2, 2]; got {getattr(self, name)}")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS or not all(
+            isinstance(t, (int, np.integer)) and t >= 0 and isinstance(b, numbers.Real) and -100 <= b <= 100
+            for t, b in self.logit_bias
+        ):
+            raise InvalidArgumentError(
+                f"logit_bias must map at most {MAX_LOGIT_BIAS} token ids to numbers in [-100, 100]"
+            )
+        if (
+            isinstance(self.min_tokens, bool)
+            or not isinstance(self.min_tokens, (int, np.integer))
+            or self.min_tokens < 0
+        ):
+            raise InvalidArgumentError(f"min_tokens must be an integer >= 0; got {self.min_tokens!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
     @property
+    def adjusts_logits(self) -> bool:
+        """Penalties, bias or min_tokens change the logits on the host before the draw."""
+        return (
+            self.repetition_penalty != 1.0
+            or self.frequency_penalty != 0
+            or self.presence_penalty != 0
+            or bool(self.logit_bias)
+            or self.min_tokens > 0
+        )
+
+    @property
+    def needs_history(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0 or self.presence_penalty != 0
+
+    @property
     def engine_sampleable(self) -> bool:
-        """No repetition penalty (it needs the history): an engine with a ``sample`` op can then pick the token
-        on the device, greedy or drawn with every filter (see Sampler.engine_row)."""
-        return self.repetition_penalty == 1.0
+        """No logit adjustment (the penalties need the history): an engine with a ``sample`` op can then pick the
+        token on the device, greedy or drawn with every filter (see Sampler.engine_row)."""
+        return not self.adjusts_logits
 
     @property
     def plain_argmax(self) -> bool:
         """The next token is the argmax of the raw logits (greedy, no repetition penalty): the engine can pick
         it on the device and send back one id instead of the logits."""
-        return self.greedy and self.repetition_penalty == 1.0
+        return self.greedy and not self.adjusts_logits
 
 
 class Sampler:
     """Samples token ids for one sequence from its own random stream (seed, step), so runs repeat with a seed."""
 
-    def __init__(self, params: SamplingParams):
+    def __init__(self, params: SamplingParams, end_ids: Iterable[int] = ()):
         self.params = params
+        self.end_ids_set = frozenset(end_ids)  # tokens that end the sequence: masked until params.min_tokens
+        self.end_ids = np.fromiter(sorted(self.end_ids_set), dtype=np.int64)
         # The draws' random stream: (seed, step) -> uniforms, the same on every backend (see `sample`); without
         # a seed, a fresh one.
         seed = params.seed if params.seed is not None else np.random.default_rng().integers(2**31)
@@ -77,16 +134,33 @@ class Sampler:
         self.engine_steps += 1
         return row
 
-    def __call__(self, logits: np.ndarray, history: Iterable[int] = ()) -> int:
-        """The next token: after the repetition penalty, the engine's draw (engine_draw), the same tokens a
-        device's ``sample`` op draws for this seed, so a seeded sequence repeats on every backend."""
+    def __call__(self, logits: np.ndarray, history: Iterable[int] = (), generated: Sequence[int] = ()) -> int:
+        """The next token: after the logit adjustments (``history``: prompt and output, for the repetition
+        penalty; ``generated``: the output so far), the engine's draw (engine_draw), the same tokens a device's
+        ``sample`` op draws for this seed, so a seeded sequence repeats on every backend."""
         p = self.params
         logits = np.asarray(logits, dtype=np.float32)
-        if p.repetition_penalty != 1.0:
-            logits = apply_repetition_penalty(logits, history, p.repetition_penalty)
+        if p.adjusts_logits:
+            logits = self.adjust(logits, history, generated)
         if p.greedy:
             return int(np.argmax(logits))
         return engine_draw(logits, self.engine_row())
+
+    def adjust(self, logits: np.ndarray, history: Iterable[int], generated: Sequence[int]) -> np.ndarray:
+        p = self.params
+        logits = logits.copy()  # the caller's row may be an engine buffer
+        if p.repetition_penalty != 1.0:
+            logits = apply_repetition_penalty(logits, history, p.repetition_penalty)
+        vocab = logits.shape[-1]
+        if (p.frequency_penalty or p.presence_penalty) and len(generated):
+            counts = np.bincount(np.asarray(generated, dtype=np.int64), minlength=vocab)[:vocab]
+            logits -= (p.frequency_penalty * counts + p.presence_penalty * (counts > 0)).astype(np.float32)
+        for token, bias in p.logit_bias:
+            if token < vocab:
+                logits[token] += np.float32(bias)
+        if len(generated) < p.min_tokens and self.end_ids.size:
+            logits[self.end_ids[self.end_ids < vocab]] = -np.inf
+        return logits
 
 
 def apply_repetition_penalty(logits: np.ndarray, history: Iterable[int], penalty: float) -> np.ndarray:

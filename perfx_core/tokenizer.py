@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .config import show
 from .errors import InvalidArgumentError, TokenizerError
 
 SUPPORTED_MODELS = ("llama", "gpt2")
@@ -102,18 +103,26 @@ class Tokenizer(ABC):
 
     # --- public API -------------------------------------------------------------------------------------
 
-    def encode(self, text: str, add_special: bool = False, parse_special: bool = False) -> list[int]:
+    def encode(
+        self,
+        text: str,
+        add_special: bool = False,
+        parse_special: bool = False,
+        literal_spans: Sequence[tuple[int, int]] = (),
+    ) -> list[int]:
         """Token ids of `text`.
 
         add_special: prepend BOS / append EOS as the vocabulary asks (`add_bos`, `add_eos`).
-        parse_special: turn the text of control tokens (e.g. "<|im_start|>") into their ids.
+        parse_special: turn the text of control tokens (e.g. "<|im_start|>") into their ids...
+        literal_spans: ...except inside these sorted, disjoint (start, end) character ranges (a chat prompt's
+            user text: a user who types "<|im_start|>" gets those characters, not the control token).
         """
         if not isinstance(text, str):
             raise InvalidArgumentError(f"encode() takes a str, got {type(text).__name__}; decode bytes first")
         ids: list[int] = []
         if add_special and self.add_bos:
             ids.append(self._vocab.bos_id)  # type: ignore[arg-type]  # add_bos implies a BOS id (validated)
-        for fragment, special_id in self._split_special(text, parse_special):
+        for fragment, special_id in self._split_special(text, parse_special, literal_spans):
             if special_id is not None:
                 ids.append(special_id)
             elif fragment:
@@ -166,6 +175,10 @@ class Tokenizer(ABC):
         return self._vocab.eos_ids
 
     @property
+    def pad_id(self) -> int | None:
+        return self._vocab.pad_id
+
+    @property
     def add_bos(self) -> bool:
         return self._vocab.add_bos
 
@@ -186,15 +199,32 @@ class Tokenizer(ABC):
 
     # --- shared machinery --------------------------------------------------------------------------------
 
-    def _split_special(self, text: str, parse_special: bool) -> Iterator[tuple[str, int | None]]:
-        """Yield (text, None) for plain fragments and (token text, id) for special tokens, in order."""
+    def find_control_text(self, text: str) -> str | None:
+        """The first control token's text spelled in ``text`` (what parse_special would turn into a token)."""
+        match = self._split_all.search(text) if self._split_all is not None else None
+        while match is not None and self._special_tokens[match.group()] not in self._control_ids:
+            match = self._split_all.search(text, match.end())
+        return match.group() if match else None
+
+    def _split_special(
+        self, text: str, parse_special: bool, literal_spans: Sequence[tuple[int, int]] = ()
+    ) -> Iterator[tuple[str, int | None]]:
+        """Yield (text, None) for plain fragments and (token text, id) for special tokens, in order. Inside
+        ``literal_spans`` only user-defined tokens are recognised, as without parse_special."""
         pattern = self._split_all if parse_special else self._split_user
         if pattern is None:
             yield text, None
             return
         table = self._special_tokens
+        spans = iter(literal_spans)
+        span = next(spans, None)
         pos = 0
         for match in pattern.finditer(text):
+            while span is not None and span[1] <= match.start():
+                span = next(spans, None)
+            in_span = span is not None and span[0] < match.end() and match.start() < span[1]
+            if in_span and table[match.group()] not in self._user_defined_ids:
+                continue  # plain text: it stays in the fragment that follows
             if match.start() > pos:
                 yield text[pos : match.start()], None
             yield match.group(), table[match.group()]
@@ -249,9 +279,10 @@ def string_list(metadata: Mapping[str, Any], key: str, *, required: bool = True)
         return None
     if not isinstance(value, (list, tuple)):
         raise _fail(key, f"must be an array of strings, got {type(value).__name__}")
-    bad = next((v for v in value if not isinstance(v, str)), None)
-    if bad is not None:
-        raise _fail(key, f"must be an array of strings, but holds a {type(bad).__name__} ({bad!r})")
+    bad = next((i for i, v in enumerate(value) if not isinstance(v, str)), None)
+    if bad is not None:  # an index: the bad entry itself may be None
+        entry = value[bad]
+        raise _fail(key, f"must be an array of strings, but entry {bad} is a {type(entry).__name__} ({show(entry)})")
     return list(value)
 
 
@@ -260,13 +291,20 @@ def numeric_array(metadata: Mapping[str, Any], key: str, length: int, dtype: typ
     value = metadata.get(key)
     if value is None:
         return None
-    array = np.asarray(value)
     integers = np.issubdtype(dtype, np.integer)
+    kind = "integers" if integers else "numbers"
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError, OverflowError):  # ragged or mixed lists (JSON metadata)
+        raise _fail(key, f"must be an array of {kind}, got {show(value)}") from None
     if array.ndim != 1 or array.dtype.kind not in ("iu" if integers else "iuf"):
-        kind = "integers" if integers else "numbers"
         raise _fail(key, f"must be an array of {kind}, got {array.dtype} with shape {array.shape}")
     if len(array) != length:
         raise _fail(key, f"has {len(array)} entries but tokenizer.ggml.tokens has {length}")
+    if integers and array.size:
+        info = np.iinfo(dtype)
+        if int(array.min()) < info.min or int(array.max()) > info.max:
+            raise _fail(key, f"holds values outside {np.dtype(dtype)} ({int(array.min())}..{int(array.max())})")
     return array.astype(dtype, copy=False)
 
 
@@ -276,7 +314,7 @@ def token_id(metadata: Mapping[str, Any], key: str, n_tokens: int) -> int | None
     if value is None:
         return None
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise _fail(key, f"must be an integer token id, got {value!r}")
+        raise _fail(key, f"must be an integer token id, got {show(value)}")
     if not 0 <= int(value) < n_tokens:
         raise _fail(key, f"is {int(value)}, outside the vocabulary of {n_tokens} tokens")
     return int(value)
@@ -288,7 +326,7 @@ def flag(metadata: Mapping[str, Any], key: str, default: bool) -> bool:
         return default
     if isinstance(value, (bool, np.bool_)) or (isinstance(value, (int, np.integer)) and int(value) in (0, 1)):
         return bool(value)
-    raise _fail(key, f"must be a boolean, got {value!r}")
+    raise _fail(key, f"must be a boolean, got {show(value)}")
 
 
 def read_vocab(metadata: Mapping[str, Any], add_bos_default: bool) -> Vocab:
@@ -346,6 +384,8 @@ def tokenizer_from_metadata(metadata: Mapping[str, Any]) -> Tokenizer:
             "the GGUF file has no tokenizer (metadata 'tokenizer.ggml.model' is missing); "
             "use a GGUF converted with its vocabulary"
         )
+    if not isinstance(model, str):
+        raise _fail("tokenizer.ggml.model", f"must be a tokenizer name such as 'llama' or 'gpt2', got {show(model)}")
     # Imported here because both modules subclass Tokenizer from this one.
     if model == "llama":
         from .tokenizer_spm import SentencePieceTokenizer
@@ -356,7 +396,7 @@ def tokenizer_from_metadata(metadata: Mapping[str, Any]) -> Tokenizer:
 
         return ByteLevelBPETokenizer.from_metadata(metadata)
     raise TokenizerError(
-        f"tokenizer model {model!r} (metadata 'tokenizer.ggml.model') is not supported; "
+        f"tokenizer model {show(model)} (metadata 'tokenizer.ggml.model') is not supported; "
         f"supported: {', '.join(repr(m) for m in SUPPORTED_MODELS)} (SentencePiece and byte-level BPE)"
     )
 

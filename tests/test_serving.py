@@ -302,7 +302,8 @@ def test_bad_parameters_are_400_with_openai_error(server, path, body, param):
 
 
 def test_malformed_json_is_400(server):
-    response = httpx.post(server.url + "/v1/chat/completions", content=b"{not json", headers=server.headers)
+    headers = {**server.headers, "Content-Type": "application/json"}
+    response = httpx.post(server.url + "/v1/chat/completions", content=b"{not json", headers=headers)
     assert response.status_code == 400
     assert "not valid JSON" in response.json()["error"]["message"]
 

@@ -33,9 +33,9 @@ class FakeEngine:
         logits[:, NEXT] = 1
         return logits
 
-    def prefill(self, tokens, slot, start):
+    def prefill(self, tokens, slot, start, all_logits=False):
         self.calls.append(("prefill", slot, start, len(tokens)))
-        return self._logits(1)[0]
+        return self._logits(len(tokens)) if all_logits else self._logits(1)[0]
 
     def mixed_prompt_room(self, decode_rows: int) -> int:
         return self.mixed_room
@@ -281,11 +281,11 @@ def test_a_failed_step_does_not_fail_requests_that_already_ended():
     """With overlapped output a request can end (max_tokens) with its last text not yet sent when the next step
     fails: it still gets its text and Finished; the requests still running get Failed."""
 
-    class FailingEngine(FakeEngine):
-        def queue_decode(self, *args, **kwargs):
-            if sum(call[0] == "decode" for call in self.calls) == 2:
+    class FailingEngine(FakeEngine):  # the device is lost after two decode steps: every later step fails too
+        def decode(self, *args, **kwargs):
+            if sum(call[0] == "decode" for call in self.calls) >= 2:
                 raise RuntimeError("device lost")
-            return super().queue_decode(*args, **kwargs)
+            return super().decode(*args, **kwargs)
 
     engine = FailingEngine(n_slots=2)
     scheduler = Scheduler(engine, FakeTokenizer(), max_queue=4, prefill_chunk=8, overlap_output=True)
@@ -295,3 +295,26 @@ def test_a_failed_step_does_not_fail_requests_that_already_ended():
     run_until_done(scheduler, short, long)
     assert short.events == [TextDelta("f"), TextDelta("f"), TextDelta("f"), Finished("length", 3, 3)]
     assert isinstance(long.events[-1], Failed) and "device lost" in long.events[-1].message
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("mixed", [False, True])
+def test_a_request_whose_step_fails_fails_alone(smollm2, mixed, overlap):
+    """A request the engine refuses (a token id outside the vocabulary, which the HTTP layer would have rejected)
+    fails on its own: the requests batched with it still get the completions Generation gives them."""
+    good = [smollm2.tokenizer.encode(p, add_special=True) for p in ("The capital of France is", "Water boils at")]
+    expected = [smollm2.generate(ids, max_tokens=12, temperature=0, ignore_eos=True).run() for ids in good]
+    scheduler = Scheduler(
+        smollm2.engine, smollm2.tokenizer, max_queue=4, prefill_chunk=16, mixed_steps=mixed, overlap_output=overlap
+    )
+    collectors = [Collector() for _ in range(3)]
+    params = SamplingParams(temperature=0)
+    scheduler.submit(GenerationRequest(good[0], 12, params, collectors[0], ignore_eos=True))
+    scheduler.submit(GenerationRequest([1, 10**6, 2], 12, params, collectors[1], ignore_eos=True))
+    scheduler.submit(GenerationRequest(good[1], 12, params, collectors[2], ignore_eos=True))
+    run_until_done(scheduler, *collectors, timeout=120)
+    bad = collectors[1].events
+    assert len(bad) == 1 and isinstance(bad[0], Failed) and "token ids must be in" in bad[0].message
+    for collector, text in zip((collectors[0], collectors[2]), expected, strict=True):
+        assert collector.events[-1] == Finished("length", len(good[collectors.index(collector) // 2]), 12)
+        assert "".join(e.text for e in collector.events[:-1]) == text

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import hmac
 import json
 import logging
 import threading
@@ -26,17 +25,17 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ..errors import RequestCancelledError
 from .config import ServerConfig
+from .guard import GuardMiddleware, error_response, read_json
 from .metrics import CONTENT_TYPE, ServerMetrics
-from .protocol import APIError, ParsedRequest, ResponseBuilder, parse_request
-from .scheduler import Failed, Finished, GenerationRequest, QueueFullError, Scheduler, TextDelta
+from .protocol import APIError, ParsedRequest, parse_request
+from .responses import ChoiceResult, ResponseBuilder
+from .scheduler import Failed, Finished, GenerationRequest, PromptLogprobs, QueueFullError, Scheduler, TextDelta
+from .tokenizer_routes import detokenize_body, tokenize_body, tokenizer_info_body
 
 log = logging.getLogger("perfx.serving")
 DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks whether its client is still there
-
-
-def error_response(error: APIError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
 
 
 class ServerState:
@@ -88,6 +87,7 @@ class ServerState:
                 context_length=c.context_length,
                 n_slots=c.max_running,
                 prefill_chunk=c.prefill_chunk,
+                kv_dtype=c.kv_dtype,
             )
             on_gpu = model.engine.rt.device.kind == "gpu"
             mixed_steps = c.mixed_steps if c.mixed_steps is not None else on_gpu
@@ -147,61 +147,6 @@ class ServerState:
         return self.scheduler
 
 
-class GuardMiddleware:
-    """API key on every route but /health (401), and the request body size limit (413)."""
-
-    def __init__(self, app: ASGIApp, config: ServerConfig):
-        self.app, self.config = app, config
-        self._expected = f"Bearer {config.api_key}".encode() if config.api_key else None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope["headers"])
-        if self._expected is not None and scope["path"] != "/health":
-            if not hmac.compare_digest(headers.get(b"authorization", b""), self._expected):
-                error = APIError(
-                    401,
-                    "missing or wrong API key: send 'Authorization: Bearer KEY'",
-                    type="authentication_error",
-                    code="invalid_api_key",
-                )
-                await error_response(error)(scope, receive, send)
-                return
-        length = headers.get(b"content-length", b"0")
-        if not length.isdigit() or int(length) > self.config.max_body_bytes:
-            await error_response(self._too_large())(scope, receive, send)
-            return
-        await self.app(scope, self._limited(receive), send)
-
-    def _too_large(self) -> APIError:
-        return APIError(413, f"the request body exceeds {self.config.max_body_bytes} bytes", code="request_too_large")
-
-    def _limited(self, receive: Receive) -> Receive:
-        """Counts bytes of bodies sent without (or with a false) Content-Length."""
-        seen = 0
-
-        async def limited() -> dict:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.config.max_body_bytes:
-                    raise APIError(413, self._too_large().message, code="request_too_large")
-            return message
-
-        return limited
-
-
-async def _read_json(request: Request) -> Any:
-    raw = await request.body()
-    try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
-
-
 def _sse(data: Any) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
@@ -256,30 +201,38 @@ class _EventPost:
 
 
 class _Stream:
-    """One request's hand-off from the scheduler thread to the event loop."""
+    """One request's hand-off from the scheduler thread to the event loop: (prompt index, event) pairs."""
 
     def __init__(self, post: _EventPost):
         self.post = post
         self.queue: asyncio.Queue = asyncio.Queue()
 
-    def emit(self, event: Any) -> None:  # scheduler thread
-        self.post.post(self.queue, event)
+    def emitter(self, index: int) -> Callable[[Any], None]:
+        def emit(event: Any) -> None:  # scheduler thread
+            self.post.post(self.queue, (index, event))
+
+        return emit
 
 
 class _GenerationResponse(StreamingResponse):
     """An SSE response that cancels its generation however it ends, even if the client left before the body
     iterator started (an async generator that never ran has no ``finally`` to run)."""
 
-    def __init__(self, content: AsyncIterator[str], job: GenerationRequest, scheduler: Scheduler):
+    def __init__(self, content: AsyncIterator[str], jobs: list[GenerationRequest], scheduler: Scheduler):
         super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        self.job, self.scheduler = job, scheduler
+        self.jobs, self.scheduler = jobs, scheduler
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.job.cancel()  # a no-op for a finished request: the scheduler has already let it go
-            self.scheduler.wake()
+            _cancel(self.scheduler, self.jobs)  # a no-op for finished requests: the scheduler let them go
+
+
+def _cancel(scheduler: Scheduler, jobs: list[GenerationRequest]) -> None:
+    for job in jobs:
+        job.cancel()
+    scheduler.wake()
 
 
 def create_app(config: ServerConfig, on_load_failed: Callable[[BaseException], None] | None = None) -> ASGIApp:
@@ -302,20 +255,46 @@ def create_app(config: ServerConfig, on_load_failed: Callable[[BaseException], N
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
     async def models(request: Request) -> Response:
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": config.model_id,
-                        "object": "model",
-                        "created": int(config.model_path.stat().st_mtime),
-                        "owned_by": "perfx",
-                        "max_model_len": state.model.context_length if state.model else None,
-                    },
-                ],
-            }
-        )
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    def model_card() -> dict[str, Any]:
+        return {
+            "id": config.model_id,
+            "object": "model",
+            "created": int(config.model_path.stat().st_mtime),
+            "owned_by": "perfx",
+            "max_model_len": state.model.context_length if state.model else None,
+        }
+
+    async def model_info(request: Request) -> Response:
+        if request.path_params["model_id"] != config.model_id:
+            error = APIError(
+                404, f"model {request.path_params['model_id']!r} is not served here", code="model_not_found"
+            )
+            return error_response(error)
+        return JSONResponse(model_card())
+
+    async def tokenize(request: Request) -> Response:
+        return await _tokenizer_route(request, tokenize_body)
+
+    async def detokenize(request: Request) -> Response:
+        return await _tokenizer_route(request, detokenize_body)
+
+    async def tokenizer_info(request: Request) -> Response:
+        try:
+            state.ready_scheduler()
+        except APIError as error:
+            return error_response(error)
+        return JSONResponse(tokenizer_info_body(state.model, config.model_id))
+
+    async def _tokenizer_route(request: Request, handler: Callable[..., dict]) -> Response:
+        try:
+            state.ready_scheduler()
+            body = await read_json(request, config.header_timeout_s)
+            result = await run_in_threadpool(handler, body, state.model)
+        except APIError as error:
+            return error_response(error)
+        return JSONResponse(result)
 
     async def completions(request: Request) -> Response:
         return await _generate(request, chat=False)
@@ -326,89 +305,141 @@ def create_app(config: ServerConfig, on_load_failed: Callable[[BaseException], N
     async def _generate(request: Request, chat: bool) -> Response:
         try:
             scheduler = state.ready_scheduler()
-            body = await _read_json(request)
-            # Rendering the chat template and tokenizing a large prompt must not stall the other streams.
-            parsed = await run_in_threadpool(
-                parse_request, body, chat=chat, model_id=config.model_id, model=state.model
-            )
+            body = await read_json(request, config.header_timeout_s)
+            parsed = await _parse_off_loop(request, body, chat)
         except APIError as error:
             state.metrics.requests_rejected.labels(str(error.status)).inc()
             return error_response(error)
+        except RequestCancelledError:  # the client left while its prompt was being prepared
+            state.metrics.requests_rejected.labels("499").inc()
+            return Response(status_code=499)
         stream = _Stream(state.event_post(asyncio.get_running_loop()))
-        job = GenerationRequest(
-            parsed.prompt_ids,
-            parsed.max_tokens,
-            parsed.sampling,
-            stream.emit,
-            stop=parsed.stop,
-            ignore_eos=parsed.ignore_eos,
-        )
+        jobs = [
+            GenerationRequest(
+                prompt.ids,
+                parsed.max_tokens,
+                parsed.sampling,
+                stream.emitter(index),
+                stop=parsed.stop,
+                ignore_eos=parsed.ignore_eos,
+                stop_token_ids=parsed.stop_token_ids,
+                include_stop=parsed.include_stop,
+                logprobs=parsed.logprobs,
+                prompt_logprobs=parsed.echo and parsed.logprobs is not None,
+            )
+            for index, prompt in enumerate(parsed.prompts)
+        ]
         try:
-            scheduler.submit(job)
+            for job in jobs:
+                scheduler.submit(job)
         except QueueFullError as exc:
+            _cancel(scheduler, jobs)  # the prompts already queued go too: the request is refused whole
             state.metrics.requests_rejected.labels("429").inc()
             return error_response(APIError(429, str(exc), type="rate_limit_error", code="queue_full"))
-        builder = ResponseBuilder(parsed)
+        builder = ResponseBuilder(parsed, state.model.tokenizer)
         if parsed.stream:
-            return _GenerationResponse(_stream_events(scheduler, job, stream, parsed, builder), job, scheduler)
-        return await _whole_response(request, scheduler, job, stream, builder)
+            return _GenerationResponse(_stream_events(scheduler, jobs, stream, parsed, builder), jobs, scheduler)
+        return await _whole_response(request, scheduler, jobs, stream, parsed, builder)
+
+    async def _parse_off_loop(request: Request, body: Any, chat: bool) -> ParsedRequest:
+        """parse_request in a worker thread (rendering the chat template and tokenizing a large prompt must not
+        stall the streams), cancelled (the template's render stops) when the client goes away meanwhile."""
+        gone = threading.Event()
+        parsing = asyncio.ensure_future(
+            run_in_threadpool(
+                parse_request, body, chat=chat, model_id=config.model_id, model=state.model, cancelled=gone.is_set
+            )
+        )
+        while not (await asyncio.wait({parsing}, timeout=DISCONNECT_POLL_S))[0]:
+            if await request.is_disconnected():
+                gone.set()
+        return parsing.result()
 
     async def _whole_response(
-        request: Request, scheduler: Scheduler, job: GenerationRequest, stream: _Stream, builder: ResponseBuilder
+        request: Request,
+        scheduler: Scheduler,
+        jobs: list[GenerationRequest],
+        stream: _Stream,
+        parsed: ParsedRequest,
+        builder: ResponseBuilder,
     ) -> Response:
-        pieces: list[str] = []
+        choices = [ChoiceResult(i, text=p.text if parsed.echo else "") for i, p in enumerate(parsed.prompts)]
+        pieces: list[list[str]] = [[c.text] for c in choices]
+        left = len(jobs)
         try:
-            while True:
+            while left:
                 try:
-                    event = await asyncio.wait_for(stream.queue.get(), DISCONNECT_POLL_S)
+                    index, event = await asyncio.wait_for(stream.queue.get(), DISCONNECT_POLL_S)
                 except asyncio.TimeoutError:
                     if await request.is_disconnected():
-                        _cancel(scheduler, job)
+                        _cancel(scheduler, jobs)
                         return Response(status_code=499)
                     continue
+                choice = choices[index]
                 if isinstance(event, TextDelta):
-                    pieces.append(event.text)
+                    pieces[index].append(event.text)
+                    if event.logprob is not None:
+                        choice.logprobs.append(event.logprob)
+                elif isinstance(event, PromptLogprobs):
+                    choice.logprobs[:0] = event.entries
                 elif isinstance(event, Finished):
-                    return JSONResponse(
-                        builder.whole(
-                            "".join(pieces), event.finish_reason, event.prompt_tokens, event.completion_tokens
-                        )
-                    )
+                    choice.finish_reason = event.finish_reason
+                    choice.prompt_tokens, choice.completion_tokens = event.prompt_tokens, event.completion_tokens
+                    left -= 1
                 elif isinstance(event, Failed):
+                    _cancel(scheduler, jobs)
                     return error_response(APIError(500, event.message, type="server_error"))
         except BaseException:
-            _cancel(scheduler, job)
+            _cancel(scheduler, jobs)
             raise
+        for choice, texts in zip(choices, pieces, strict=True):
+            choice.text = "".join(texts)
+        return JSONResponse(builder.whole(choices))
 
     async def _stream_events(
-        scheduler: Scheduler, job: GenerationRequest, stream: _Stream, parsed: ParsedRequest, builder: ResponseBuilder
+        scheduler: Scheduler,
+        jobs: list[GenerationRequest],
+        stream: _Stream,
+        parsed: ParsedRequest,
+        builder: ResponseBuilder,
     ) -> AsyncIterator[str]:
-        finished = False
+        finished = 0
+        offsets = [0] * len(jobs)  # characters of each choice's text streamed so far (completions' text_offset)
+        usage = [0, 0]
         try:
-            if parsed.chat:
-                yield _sse(builder.chunk(None, first=True))
-            while True:
-                event = await stream.queue.get()
+            for index, prompt in enumerate(parsed.prompts):
+                if parsed.chat:
+                    yield _sse(builder.chunk(None, first=True, index=index))
+                elif parsed.echo:
+                    offsets[index] = len(prompt.text)
+                    if parsed.logprobs is None:
+                        yield _sse(builder.chunk(prompt.text, index=index))
+            while finished < len(jobs):
+                index, event = await stream.queue.get()
                 if isinstance(event, TextDelta):
-                    yield _sse(builder.chunk(event.text))
+                    logprobs = (event.logprob,) if event.logprob is not None else ()
+                    yield _sse(builder.chunk(event.text, index=index, logprobs=logprobs, text_offset=offsets[index]))
+                    offsets[index] += len(event.text)
+                elif isinstance(event, PromptLogprobs):  # echo with logprobs: the prompt's text and its scores
+                    text = parsed.prompts[index].text
+                    yield _sse(builder.chunk(text, index=index, logprobs=event.entries))
                 elif isinstance(event, Finished):
-                    finished = True
-                    yield _sse(builder.chunk(None, event.finish_reason))
-                    if parsed.include_usage:
-                        yield _sse(builder.usage_chunk(event.prompt_tokens, event.completion_tokens))
-                    break
+                    finished += 1
+                    usage[0] += event.prompt_tokens
+                    usage[1] += event.completion_tokens
+                    yield _sse(builder.chunk(None, event.finish_reason, index=index))
                 elif isinstance(event, Failed):
-                    finished = True
+                    finished = len(jobs)
+                    _cancel(scheduler, jobs)
                     yield _sse(APIError(500, event.message, type="server_error").body())
-                    break
+                    yield "data: [DONE]\n\n"
+                    return
+            if parsed.include_usage:
+                yield _sse(builder.usage_chunk(*usage))
             yield "data: [DONE]\n\n"
         finally:
-            if not finished:  # the client went away (the send failed or Starlette cancelled us)
-                _cancel(scheduler, job)
-
-    def _cancel(scheduler: Scheduler, job: GenerationRequest) -> None:
-        job.cancel()
-        scheduler.wake()
+            if finished < len(jobs):  # the client went away (the send failed or Starlette cancelled us)
+                _cancel(scheduler, jobs)
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -429,6 +460,10 @@ def create_app(config: ServerConfig, on_load_failed: Callable[[BaseException], N
             Route("/health", health),
             Route("/metrics", metrics),
             Route("/v1/models", models),
+            Route("/v1/models/{model_id:path}", model_info),
+            Route("/tokenize", tokenize, methods=["POST"]),
+            Route("/detokenize", detokenize, methods=["POST"]),
+            Route("/tokenizer_info", tokenizer_info),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         ],

@@ -9,7 +9,14 @@ import socket
 import sys
 
 from ..errors import InvalidArgumentError
-from .config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MIXED_CHUNK, ServeError, ServerConfig
+from .config import (
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_LIMIT_CONCURRENCY,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MIXED_CHUNK,
+    ServeError,
+    ServerConfig,
+)
 
 SWITCH_INTERVAL_S = 0.001  # the GIL switch interval of a serving process (see cmd_serve)
 
@@ -28,6 +35,7 @@ def add_commands(subparsers) -> None:
     serve.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot before 429")
     serve.add_argument("--context", type=int, help="KV-cache length per slot in tokens (default: min(model, 4096))")
     serve.add_argument("--prefill-chunk", type=int, default=64, help="prompt tokens prefilled per scheduler step")
+    serve.add_argument("--kv-dtype", choices=("float16", "float32"), help="KV-cache dtype (default: the backend's)")
     serve.add_argument(
         "--mixed-steps",
         action=argparse.BooleanOptionalAction,
@@ -55,6 +63,24 @@ def add_commands(subparsers) -> None:
         help="require 'Authorization: Bearer KEY' on every route but /health (default: $PERFX_API_KEY)",
     )
     serve.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="larger bodies get 413")
+    serve.add_argument(
+        "--allowed-hosts",
+        default="",
+        help="comma-separated Host names to answer besides the defaults ('*': any). By default a server on a "
+        "loopback address answers only localhost names (against DNS rebinding), one on another address any name",
+    )
+    serve.add_argument(
+        "--header-timeout",
+        type=float,
+        default=DEFAULT_HEADER_TIMEOUT_S,
+        help=f"seconds a client has to send its request headers, then its body (default {DEFAULT_HEADER_TIMEOUT_S:g})",
+    )
+    serve.add_argument(
+        "--limit-concurrency",
+        type=int,
+        default=DEFAULT_LIMIT_CONCURRENCY,
+        help=f"open connections at most; more get 503 (default {DEFAULT_LIMIT_CONCURRENCY})",
+    )
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     serve.set_defaults(func=cmd_serve)
 
@@ -66,6 +92,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import uvicorn
 
         from .app import create_app
+        from .guard import header_timeout_protocol
     except ImportError as exc:
         raise ServeError(f"`perfx serve` needs {exc.name}, which perfx depends on: reinstall perfx") from None
     if not 0 <= args.port <= 65535:
@@ -79,11 +106,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_running=args.max_running,
         max_queue=args.max_queue,
         prefill_chunk=args.prefill_chunk,
+        kv_dtype=args.kv_dtype,
         mixed_steps=args.mixed_steps,
         mixed_chunk=args.mixed_chunk,
         overlap_output=args.overlap_output,
         api_key=args.api_key,
         max_body_bytes=args.max_body_bytes,
+        host=args.host,
+        allowed_hosts=tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip()),
+        header_timeout_s=args.header_timeout,
+        limit_concurrency=args.limit_concurrency,
     )
     _check_port_free(args.host, args.port)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
@@ -101,7 +133,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     app = create_app(config, on_load_failed=on_load_failed)
     server = uvicorn.Server(
-        uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+        uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            timeout_graceful_shutdown=5,
+            http=header_timeout_protocol(config.header_timeout_s),
+            limit_concurrency=config.limit_concurrency,
+        )
     )
     server.run()
     if load_errors:

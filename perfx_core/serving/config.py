@@ -9,6 +9,8 @@ from ..errors import InvalidArgumentError, PerfxError
 from ..model import MIXED_PROMPT_ROWS
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_LIMIT_CONCURRENCY = 1024  # open connections and requests; beyond it uvicorn answers 503
 DEFAULT_MIXED_CHUNK = 16
 
 
@@ -25,6 +27,7 @@ class ServerConfig:
     max_running: int = 8  # sequences decoded together; one KV-cache slot each
     max_queue: int = 64  # requests waiting for a slot; more get 429
     prefill_chunk: int = 64  # prompt tokens prefilled per scheduler iteration
+    kv_dtype: str | None = None  # "float16" or "float32"; None: the backend's choice
     # A prompt chunk in the decode step's forward pass; None: on where the device is a GPU, off on CPUs
     # (docs/serving.md: it paid on the H200, and cost throughput and first tokens on a CPU).
     mixed_steps: bool | None = None
@@ -38,9 +41,13 @@ class ServerConfig:
     overlap_output: bool | None = None
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    host: str = "127.0.0.1"  # the address listened on: a loopback one limits the Host names answered
+    allowed_hosts: tuple[str, ...] = ()  # Host names answered besides the defaults ("*": any)
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S  # request headers (and then the body) must arrive in this
+    limit_concurrency: int = DEFAULT_LIMIT_CONCURRENCY
 
     def __post_init__(self) -> None:
-        for name in ("max_running", "prefill_chunk", "mixed_chunk", "max_body_bytes"):
+        for name in ("max_running", "prefill_chunk", "mixed_chunk", "max_body_bytes", "limit_concurrency"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise InvalidArgumentError(f"{name.replace('_', '-')} must be an integer >= 1; got {value!r}")
@@ -53,6 +60,8 @@ class ServerConfig:
             raise InvalidArgumentError(f"max-queue must be an integer >= 0; got {self.max_queue!r}")
         if self.context_length is not None and self.context_length < 2:
             raise InvalidArgumentError(f"context must be at least 2 tokens; got {self.context_length}")
+        if not isinstance(self.header_timeout_s, (int, float)) or not 0 < self.header_timeout_s <= 3600:
+            raise InvalidArgumentError(f"header-timeout must be in (0, 3600] seconds; got {self.header_timeout_s!r}")
         if self.api_key is not None and not self.api_key.strip():
             raise InvalidArgumentError("the API key is empty: pass a non-empty --api-key or unset PERFX_API_KEY")
 

@@ -28,6 +28,11 @@ class ServerMetrics:
         self._scheduler: Scheduler | None = None
         r = self.registry
         self.prompt_tokens = Counter("perfx_prompt_tokens", "Prompt tokens admitted for prefill", registry=r)
+        self.prompt_tokens_cached = Counter(
+            "perfx_prompt_tokens_cached",
+            "Prompt tokens found in a slot's prefix cache, not prefilled again (hit rate: over perfx_prompt_tokens)",
+            registry=r,
+        )
         self.generation_tokens = Counter("perfx_generation_tokens", "Tokens generated", registry=r)
         self.requests_finished = Counter(
             "perfx_requests_finished", "Requests ended, by finish reason", ["finish_reason"], registry=r

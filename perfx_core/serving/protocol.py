@@ -1,24 +1,28 @@
-"""The OpenAI wire format: validating request bodies into generation parameters, and shaping responses.
+"""The OpenAI wire format: validating request bodies into generation parameters (responses.py shapes the answers).
 
-Mapping of OpenAI parameters (the rest are accepted and ignored, see docs/serving.md):
-  temperature (default 1, 0 = greedy), top_p (default 1), seed, stop (string or up to 4 strings),
-  max_tokens / max_completion_tokens, n (only 1), stream, stream_options.include_usage.
+Mapping of OpenAI parameters (see docs/serving.md):
+  temperature (default 1, 0 = greedy), top_p (default 1), seed, stop (strings, bounded in total length),
+  max_tokens / max_completion_tokens (0 with echo: scoring), n (only 1), stream, stream_options.include_usage,
+  logprobs / top_logprobs, echo, prompt lists (one choice each).
   perfx extensions: top_k (default 0 = off), min_p (default 0 = off), repetition_penalty, ignore_eos.
-  frequency_penalty / presence_penalty are range-checked ([-2, 2]) and ignored.
+  frequency_penalty, presence_penalty, logit_bias; vLLM's min_tokens, stop_token_ids,
+  include_stop_str_in_output. Parameters perfx does not implement (tools, response_format, ...) are 400s.
 """
 
 from __future__ import annotations
 
-import time
-import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ContextLengthError, InvalidArgumentError
-from ..sampling import SamplingParams
+from ..errors import ContextLengthError, InvalidArgumentError, RequestCancelledError
+from ..logprobs import MAX_TOP_LOGPROBS
+from ..sampling import INT32_MAX, MAX_LOGIT_BIAS, UINT64_MAX, SamplingParams
+from ..stop_strings import check_stop_strings
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the rest of the context
-MAX_STOP_STRINGS = 4
+MAX_STOP_STRINGS = 64  # any number, bounded with their total length (stop_strings.MAX_STOP_CHARS)
+MAX_PROMPTS = 64  # prompts in one completions request (each is queued like a request of its own)
 CHAT_ROLES = ("system", "user", "assistant", "developer", "tool")
 
 
@@ -46,18 +50,32 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 
 
 @dataclass(frozen=True)
+class Prompt:
+    ids: list[int]
+    text: str  # what ``echo`` returns: the prompt as sent, or the decoded ids
+
+
+@dataclass(frozen=True)
 class ParsedRequest:
-    """A validated completion or chat request, ready for the scheduler."""
+    """A validated completion or chat request, ready for the scheduler: one choice per prompt."""
 
     chat: bool
     model: str
-    prompt_ids: list[int]
+    prompts: list[Prompt]
     max_tokens: int
     sampling: SamplingParams
     stop: list[str]
     stream: bool
     include_usage: bool
     ignore_eos: bool
+    stop_token_ids: frozenset[int] = frozenset()
+    include_stop: bool = False
+    logprobs: int | None = None  # alternatives reported per token; None: no logprobs
+    echo: bool = False  # completions: the prompt is part of the text (and of the logprobs)
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.prompts[0].ids
 
 
 def _number(
@@ -74,14 +92,15 @@ def _number(
     return float(value)
 
 
-def _integer(body: dict, name: str, low: int) -> int | None:
+def _integer(body: dict, name: str, low: int, high: int | None = None) -> int | None:
     value = body.get(name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise bad_request(f"'{name}' must be an integer; got {value!r}", name)
-    if value < low:
-        raise bad_request(f"'{name}' must be >= {low}; got {value}", name)
+    if value < low or (high is not None and value > high):
+        bounds = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise bad_request(f"'{name}' must be {bounds}; got {value}", name)
     return value
 
 
@@ -99,10 +118,13 @@ def _stop(body: dict) -> list[str]:
     if stop is None:
         return []
     if isinstance(stop, str):
-        return [stop]
-    if isinstance(stop, list) and len(stop) <= MAX_STOP_STRINGS and all(isinstance(s, str) for s in stop):
-        return [s for s in stop if s]
-    raise bad_request(f"'stop' must be a string or a list of at most {MAX_STOP_STRINGS} strings", "stop")
+        stop = [stop]
+    if not (isinstance(stop, list) and len(stop) <= MAX_STOP_STRINGS and all(isinstance(s, str) for s in stop)):
+        raise bad_request(f"'stop' must be a string or a list of at most {MAX_STOP_STRINGS} strings", "stop")
+    try:
+        return check_stop_strings(stop)
+    except InvalidArgumentError as exc:
+        raise bad_request(str(exc), "stop") from None
 
 
 def _message_text(content: Any, index: int) -> str:
@@ -139,27 +161,101 @@ def parse_messages(body: dict) -> list[dict[str, str]]:
     return out
 
 
-def parse_prompt(body: dict, tokenizer: Any, vocab_size: int) -> list[int]:
+def _one_prompt(prompt: Any, tokenizer: Any, vocab_size: int, where: str) -> Prompt:
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad_request(f"{where} is empty", "prompt")
+        return Prompt(tokenizer.encode(prompt, add_special=True), prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if not all(0 <= t < vocab_size for t in prompt):
+            raise bad_request(f"{where}: token ids must be in [0, {vocab_size})", "prompt")
+        return Prompt(list(prompt), tokenizer.decode(prompt))
+    raise bad_request(f"{where} must be a non-empty string or a list of token ids", "prompt")
+
+
+def parse_prompts(body: dict, tokenizer: Any, vocab_size: int) -> list[Prompt]:
+    """A string, a list of token ids, or a list of those (one choice each)."""
     prompt = body.get("prompt")
     if prompt is None:
         raise bad_request("'prompt' is required", "prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one prompt
-    if isinstance(prompt, str):
-        if not prompt:
-            raise bad_request("'prompt' is empty", "prompt")
-        return tokenizer.encode(prompt, add_special=True)
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        if not all(0 <= t < vocab_size for t in prompt):
-            raise bad_request(f"prompt token ids must be in [0, {vocab_size})", "prompt")
-        return list(prompt)
-    if isinstance(prompt, list) and len(prompt) > 1:
-        raise bad_request("only one prompt per request is supported; send one request per prompt", "prompt")
-    raise bad_request("'prompt' must be a non-empty string or a list of token ids", "prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        if len(prompt) > MAX_PROMPTS:
+            raise bad_request(f"at most {MAX_PROMPTS} prompts per request; got {len(prompt)}", "prompt")
+        return [_one_prompt(p, tokenizer, vocab_size, f"prompt[{i}]") for i, p in enumerate(prompt)]
+    return [_one_prompt(prompt, tokenizer, vocab_size, "'prompt'")]
 
 
-def parse_request(body: Any, *, chat: bool, model_id: str, model: Any) -> ParsedRequest:
-    """Validate an OpenAI request body against the loaded ``model``; raises APIError (400) on bad input."""
+# Parameters perfx does not implement yet: a 400 naming them beats a reply that silently ignores them.
+UNSUPPORTED = (
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "response_format",
+    "suffix",
+    "grammar",
+    "json_schema",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+)
+HARMLESS_VALUES = {"tools": ([],), "tool_choice": ("none",), "response_format": ({"type": "text"},), "suffix": ("",)}
+
+
+def _refuse_unsupported(body: dict) -> None:
+    for name in UNSUPPORTED:
+        value = body.get(name)
+        if value is not None and value not in HARMLESS_VALUES.get(name, ()):
+            raise bad_request(f"'{name}' is not supported by this server", name, "unsupported_parameter")
+
+
+def _logit_bias(body: dict, vocab: int) -> tuple[tuple[int, float], ...]:
+    bias = body.get("logit_bias")
+    if bias is None:
+        return ()
+    if not isinstance(bias, dict) or len(bias) > MAX_LOGIT_BIAS:
+        raise bad_request(f"'logit_bias' must map at most {MAX_LOGIT_BIAS} token ids to biases", "logit_bias")
+    out = []
+    for key, value in bias.items():
+        if not (isinstance(key, str) and key.isdigit() and int(key) < vocab):
+            raise bad_request(f"'logit_bias' keys must be token ids in [0, {vocab}); got {key!r}", "logit_bias")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            raise bad_request(f"'logit_bias' values must be numbers in [-100, 100]; got {value!r}", "logit_bias")
+        out.append((int(key), float(value)))
+    return tuple(out)
+
+
+def _token_id_list(body: dict, name: str, vocab: int) -> list[int]:
+    ids = body.get(name)
+    if ids is None:
+        return []
+    if (
+        not isinstance(ids, list)
+        or len(ids) > MAX_STOP_STRINGS
+        or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids)
+    ):
+        raise bad_request(f"'{name}' must be a list of at most {MAX_STOP_STRINGS} token ids in [0, {vocab})", name)
+    return ids
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """Completions: ``logprobs`` is the number of alternatives. Chat: ``logprobs`` is a switch and
+    ``top_logprobs`` the number."""
+    if not chat:
+        return _integer(body, "logprobs", 0, MAX_TOP_LOGPROBS)
+    if not _boolean(body, "logprobs"):
+        if body.get("top_logprobs") is not None:
+            raise bad_request("'top_logprobs' needs \"logprobs\": true", "top_logprobs")
+        return None
+    return _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS) or 0
+
+
+def parse_request(
+    body: Any, *, chat: bool, model_id: str, model: Any, cancelled: Callable[[], bool] | None = None
+) -> ParsedRequest:
+    """Validate an OpenAI request body against the loaded ``model``; raises APIError (400) on bad input, and
+    RequestCancelledError when ``cancelled()`` turns true while the chat template renders."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     name = body.get("model")
@@ -178,10 +274,16 @@ def parse_request(body: Any, *, chat: bool, model_id: str, model: Any) -> Parsed
     if min_p >= 1:
         raise bad_request("'min_p' must be in [0, 1)", "min_p")
     repetition_penalty = _number(body, "repetition_penalty", 1.0, 0.0, None, low_open=True)
-    for ignored in ("frequency_penalty", "presence_penalty"):
-        _number(body, ignored, 0.0, -2.0, 2.0)
-    top_k = _integer(body, "top_k", 0) or 0
-    seed = _integer(body, "seed", 0)
+    frequency_penalty = _number(body, "frequency_penalty", 0.0, -2.0, 2.0)
+    presence_penalty = _number(body, "presence_penalty", 0.0, -2.0, 2.0)
+    _refuse_unsupported(body)
+    vocab = model.config.vocab_size
+    logit_bias = _logit_bias(body, vocab)
+    stop_token_ids = _token_id_list(body, "stop_token_ids", vocab)
+    include_stop = _boolean(body, "include_stop_str_in_output")
+    min_tokens = _integer(body, "min_tokens", 0) or 0
+    top_k = _integer(body, "top_k", 0, INT32_MAX) or 0
+    seed = _integer(body, "seed", 0, UINT64_MAX)
     stream = _boolean(body, "stream")
     options = body.get("stream_options")
     if options is not None and (
@@ -193,30 +295,36 @@ def parse_request(body: Any, *, chat: bool, model_id: str, model: Any) -> Parsed
     include_usage = bool(options and options.get("include_usage"))
     stop = _stop(body)
     ignore_eos = _boolean(body, "ignore_eos")
-    if body.get("logprobs") not in (None, False, 0) or body.get("echo") or body.get("best_of") not in (None, 1):
-        raise bad_request("logprobs, echo and best_of are not supported")
+    if body.get("best_of") not in (None, 1):
+        raise bad_request("'best_of' must be 1", "best_of")
+    logprobs = _logprobs(body, chat)
+    echo = False if chat else _boolean(body, "echo")
+    if chat and body.get("echo") is not None:
+        raise bad_request("'echo' applies to /v1/completions", "echo")
+    # max_tokens 0 only scores the prompt: with echo, as OpenAI's legacy completions allowed.
     max_tokens = _integer(body, "max_completion_tokens", 1)
     if max_tokens is None:
-        max_tokens = _integer(body, "max_tokens", 1)
+        max_tokens = _integer(body, "max_tokens", 0 if echo else 1)
 
     if chat:
         messages = parse_messages(body)
         try:
-            prompt_ids = model.chat_prompt_ids(messages)
+            prompts = [Prompt(model.chat_prompt_ids(messages, cancelled=cancelled), "")]
+        except RequestCancelledError:
+            raise
         except Exception as exc:  # the model's own Jinja template can reject a conversation (e.g. role order)
             raise bad_request(f"the model's chat template rejected these messages: {exc}", "messages") from None
     else:
-        prompt_ids = parse_prompt(body, model.tokenizer, model.config.vocab_size)
+        prompts = parse_prompts(body, model.tokenizer, model.config.vocab_size)
     context = model.context_length
+    longest = max(len(p.ids) for p in prompts)
     if max_tokens is None:
-        room = context - len(prompt_ids)
+        room = context - longest
         max_tokens = min(COMPLETION_DEFAULT_MAX_TOKENS, room) if not chat else room
         max_tokens = max(max_tokens, 1)  # a prompt that fills the context still fails below, with numbers
-    if len(prompt_ids) + max_tokens > context:
+    if longest + max_tokens > context:
         param = "messages" if chat else "prompt"
-        raise bad_request(
-            str(ContextLengthError(len(prompt_ids), max_tokens, context)), param, "context_length_exceeded"
-        )
+        raise bad_request(str(ContextLengthError(longest, max_tokens, context)), param, "context_length_exceeded")
     try:
         sampling = SamplingParams(
             temperature=temperature,
@@ -225,65 +333,27 @@ def parse_request(body: Any, *, chat: bool, model_id: str, model: Any) -> Parsed
             min_p=min_p,
             repetition_penalty=repetition_penalty,
             seed=seed,
+            frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty,
+            logit_bias=logit_bias,
+            min_tokens=min_tokens,
         )
     except InvalidArgumentError as exc:
         raise bad_request(str(exc)) from None
-    return ParsedRequest(chat, model_id, prompt_ids, max_tokens, sampling, stop, stream, include_usage, ignore_eos)
-
-
-# -- responses ----------------------------------------------------------------------------------------------
-class ResponseBuilder:
-    """Builds the JSON objects of one response (whole or streamed chunks) with a shared id and timestamp."""
-
-    def __init__(self, request: ParsedRequest):
-        self.request = request
-        self.id = ("chatcmpl-" if request.chat else "cmpl-") + uuid.uuid4().hex
-        self.created = int(time.time())
-
-    def _base(self, object_name: str) -> dict[str, Any]:
-        return {"id": self.id, "object": object_name, "created": self.created, "model": self.request.model}
-
-    @staticmethod
-    def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-        return {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        }
-
-    def whole(self, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-        if self.request.chat:
-            body = self._base("chat.completion")
-            body["choices"] = [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "logprobs": None,
-                    "finish_reason": finish_reason,
-                }
-            ]
-        else:
-            body = self._base("text_completion")
-            body["choices"] = [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]
-        body["usage"] = self.usage(prompt_tokens, completion_tokens)
-        return body
-
-    def chunk(self, text: str | None, finish_reason: str | None = None, *, first: bool = False) -> dict[str, Any]:
-        if self.request.chat:
-            body = self._base("chat.completion.chunk")
-            delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
-            if text:
-                delta["content"] = text
-            body["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
-        else:
-            body = self._base("text_completion")
-            body["choices"] = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}]
-        if self.request.include_usage:
-            body["usage"] = None
-        return body
-
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-        body = self._base("chat.completion.chunk" if self.request.chat else "text_completion")
-        body["choices"] = []
-        body["usage"] = self.usage(prompt_tokens, completion_tokens)
-        return body
+    if min_tokens > max_tokens:
+        raise bad_request(f"'min_tokens' ({min_tokens}) exceeds max_tokens ({max_tokens})", "min_tokens")
+    return ParsedRequest(
+        chat,
+        model_id,
+        prompts,
+        max_tokens,
+        sampling,
+        stop,
+        stream,
+        include_usage,
+        ignore_eos,
+        frozenset(stop_token_ids),
+        include_stop,
+        logprobs,
+        echo,
+    )

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..generation import StreamingText, take_token
+from ..logprobs import TokenLogprob, token_logprobs
+from ..prefix_cache import SlotPrefixes
 from ..sampling import Sampler, SamplingParams
 from .config import DEFAULT_MIXED_CHUNK
 
@@ -45,6 +47,15 @@ class QueueFullError(Exception):
 @dataclass(frozen=True)
 class TextDelta:
     text: str
+    logprob: TokenLogprob | None = None  # of the token that gave this text, when the request asked for them
+
+
+@dataclass(frozen=True)
+class PromptLogprobs:
+    """Before any text, for a request with ``prompt_logprobs``: one entry per prompt token (the first one's
+    logprob is None: nothing predicts it)."""
+
+    entries: tuple[TokenLogprob, ...]
 
 
 @dataclass(frozen=True)
@@ -59,7 +70,7 @@ class Failed:
     message: str
 
 
-Event = TextDelta | Finished | Failed
+Event = TextDelta | PromptLogprobs | Finished | Failed
 
 
 @dataclass
@@ -72,6 +83,10 @@ class GenerationRequest:
     emit: Callable[[Event], None]
     stop: Sequence[str] = ()
     ignore_eos: bool = False
+    stop_token_ids: frozenset[int] = frozenset()  # end the sequence like end-of-sequence tokens
+    include_stop: bool = False  # the text keeps the stop string that ended it
+    logprobs: int | None = None  # report each generated token's logprob and this many alternatives
+    prompt_logprobs: bool = False  # also the prompt's (PromptLogprobs); max_tokens may then be 0: scoring only
     arrival: float = field(default_factory=time.perf_counter)
     cancelled: bool = False  # set by the request's thread; the scheduler drops it before its next step
 
@@ -91,6 +106,8 @@ class _Sequence:
     pending: int | None = None  # sampled token not yet fed through decode
     position: int = 0  # cache position of ``pending``
     generated: list[int] = field(default_factory=list)
+    generated_logprobs: list[TokenLogprob] = field(default_factory=list)  # with request.logprobs: one per token
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
     unsent: int = 0  # the last tokens of ``generated`` whose text is not handled yet (_send_text)
     ending: str | None = None  # a finish reason the tokens gave (EOS, max_tokens), applied once the text is sent
     last_token_time: float = 0.0  # 0 until the first token
@@ -100,6 +117,14 @@ class _Sequence:
     @property
     def prefilling(self) -> bool:
         return self.prefilled < len(self.request.prompt_ids)
+
+
+def _cached_tokens(seq: _Sequence) -> list[int]:
+    """The tokens whose keys and values ``seq`` left in its slot, from position 0."""
+    prompt = seq.request.prompt_ids
+    if seq.prefilling:
+        return prompt[: seq.prefilled]
+    return (prompt + seq.generated)[: seq.position]
 
 
 class Scheduler:
@@ -116,6 +141,7 @@ class Scheduler:
         mixed_steps: bool = False,
         mixed_chunk: int = DEFAULT_MIXED_CHUNK,
         overlap_output: bool = False,
+        prefix_cache: bool = True,
         hold_events: Callable[[], AbstractContextManager[None]] = nullcontext,
     ):
         self.engine = engine
@@ -139,6 +165,9 @@ class Scheduler:
         self._waiting: deque[GenerationRequest] = deque()
         self._running: list[_Sequence] = []
         self._free_slots = list(range(self.n_slots))
+        # Prompts start where a free slot's cache already agrees with them (perfx_core.prefix_cache).
+        self.prefix_cache = prefix_cache
+        self._prefixes = SlotPrefixes(self.n_slots)
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="perfx-scheduler", daemon=True)
 
@@ -201,11 +230,10 @@ class Scheduler:
                 self._admit()
             try:
                 self._step()
-            except Exception as exc:  # an engine failure fails the batch, not the server
-                log.exception("scheduler step failed")
+            except Exception:  # a failed step fails the sequences that cause it, not the batch or the server
+                log.exception("scheduler step failed; retrying each sequence alone")
                 self._send_taken_texts()
-                for seq in self._running:
-                    self._fail(seq, f"generation failed: {type(exc).__name__}: {exc}")
+                self._step_each_alone()
             self._release_finished()
         self._send_taken_texts()
         for seq in self._running:
@@ -226,15 +254,22 @@ class Scheduler:
     def _admit(self) -> None:
         while self._waiting and self._free_slots:
             request = self._waiting.popleft()
+            slot, cached = self._prefixes.choose(self._free_slots, request.prompt_ids)
+            if not self.prefix_cache or request.prompt_logprobs:  # a scored prompt needs every row's logits
+                cached = 0
+            self._free_slots.remove(slot)
+            self._prefixes.take(slot)
             seq = _Sequence(
                 request,
-                slot=self._free_slots.pop(0),
-                sampler=Sampler(request.sampling),
-                streaming=StreamingText(self.tokenizer, request.stop),
+                slot=slot,
+                sampler=Sampler(request.sampling, self.tokenizer.eos_ids | request.stop_token_ids),
+                streaming=StreamingText(self.tokenizer, request.stop, include_stop=request.include_stop),
+                prefilled=cached,
             )
             self._running.append(seq)
             if self.metrics:
                 self.metrics.prompt_tokens.inc(len(request.prompt_ids))
+                self.metrics.prompt_tokens_cached.inc(cached)
 
     def _step(self) -> None:
         """Queue this iteration's engine work, handle the text of tokens already taken (with ``overlap_output``
@@ -255,7 +290,8 @@ class Scheduler:
         engine = self.engine
         prefilling = next((s for s in self._running if s.prefilling and not s.done), None)
         batch = self._decode_batch()
-        if prefilling is not None and batch and self.mixed_steps:
+        # A prompt whose every row is scored prefills on its own: a mixed step returns only its last row.
+        if prefilling is not None and batch and self.mixed_steps and not prefilling.request.prompt_logprobs:
             # Only with room for a full mixed chunk (or the prompt's rest): a few tokens per step would starve it.
             room = engine.mixed_prompt_room(len(batch))
             remaining = len(prefilling.request.prompt_ids) - prefilling.prefilled
@@ -263,19 +299,10 @@ class Scheduler:
                 return self._queue_mixed_step(prefilling, batch, room)
         if prefilling is not None:
             # One chunk per iteration, so sequences already decoding wait at most one chunk for their next token.
-            prompt = prefilling.request.prompt_ids
-            chunk = prompt[prefilling.prefilled : prefilling.prefilled + self.prefill_chunk]
             self._send_texts()  # the host waits for a prefill on its own anyway: nothing to overlap with
-            start = time.perf_counter()
-            logits = engine.prefill(chunk, prefilling.slot, prefilling.prefilled)
-            if self.metrics:
-                self.metrics.engine_seconds.labels("prefill").observe(time.perf_counter() - start)
-            prefilling.prefilled += len(chunk)
-            if not prefilling.prefilling:
-                prefilling.position = len(prompt)
-                self._take(prefilling, logits)
-                if not self.overlap_output:  # its first token goes out now, not after this iteration's decode
-                    self._send_texts()
+            self._prefill_chunk(prefilling)
+            if not prefilling.prefilling and not self.overlap_output:
+                self._send_texts()  # its first token goes out now, not after this iteration's decode
             batch = self._decode_batch()
         if not batch:
             return None
@@ -291,6 +318,52 @@ class Scheduler:
             self._take_rows(batch, rows, bool(picks))
 
         return collect
+
+    def _prefill_chunk(self, seq: _Sequence) -> None:
+        """Prefill the next chunk of ``seq``'s prompt; after the last one, take its first token."""
+        request = seq.request
+        prompt = request.prompt_ids
+        first = seq.prefilled
+        chunk = prompt[first : first + self.prefill_chunk]
+        start = time.perf_counter()
+        logits = self.engine.prefill(chunk, seq.slot, first, all_logits=request.prompt_logprobs)
+        if self.metrics:
+            self.metrics.engine_seconds.labels("prefill").observe(time.perf_counter() - start)
+        seq.prefilled += len(chunk)
+        if request.prompt_logprobs:  # row i predicts the prompt's token first + i + 1
+            if first == 0:
+                seq.prompt_logprobs.append(TokenLogprob(prompt[0], None))
+            scored = prompt[first + 1 : first + 1 + len(chunk)]
+            seq.prompt_logprobs.extend(token_logprobs(logits[: len(scored)], scored, request.logprobs or 0))
+            logits = logits[-1]
+        if not seq.prefilling:
+            seq.position = len(prompt)
+            if request.prompt_logprobs:
+                request.emit(PromptLogprobs(tuple(seq.prompt_logprobs)))
+            if request.max_tokens == 0:  # scoring only: no token is generated
+                seq.ending = "length"
+            else:
+                self._take(seq, logits)
+
+    def _step_each_alone(self) -> None:
+        """After a failed step: each running sequence's part of it (its next prompt chunk, or its decode row),
+        one sequence at a time. Those that fail alone are failed; the rest have made their step. No sequence
+        advanced in the failed step (tokens are taken only from its finished rows), and a repeated step
+        rewrites the same cache positions."""
+        for seq in list(self._running):
+            if seq.done or seq.request.cancelled:
+                continue
+            try:
+                if seq.prefilling:
+                    self._prefill_chunk(seq)
+                elif seq.pending is not None:
+                    picks = self._picks([seq])
+                    rows = self.engine.decode(*self._decode_args([seq]), **picks)
+                    self._take_rows([seq], rows, bool(picks))
+            except Exception as exc:
+                log.exception("sequence in slot %d failed on its own", seq.slot)
+                self._fail(seq, f"generation failed: {type(exc).__name__}: {exc}")
+        self._send_taken_texts()
 
     def _queue_mixed_step(self, prefilling: _Sequence, batch: list[_Sequence], room: int) -> Callable[[], None]:
         """One forward pass for the decode rows and the next chunk (at most ``room`` tokens) of a prompt: the
@@ -332,6 +405,8 @@ class Scheduler:
         """How the engine picks the next tokens: argmax when every sequence is plain greedy, a draw on the
         engine when none has a repetition penalty (greedy, or drawn with any filters: the draws each sequence's
         Sampler would make from the logits, sampling.engine_draw), else the logits come back."""
+        if any(s.request.logprobs is not None for s in seqs):
+            return {}  # their logprobs need the logits
         if all(s.request.sampling.plain_argmax for s in seqs):
             return {"argmax": True}
         if all(s.request.sampling.engine_sampleable for s in seqs):
@@ -350,10 +425,14 @@ class Scheduler:
                 continue
             if advance:  # the row fed the pending token at seq.position
                 seq.position += 1
-            if picked:
-                self._take(seq, token=int(row))
-            else:
-                self._take(seq, row)
+            try:
+                if picked:
+                    self._take(seq, token=int(row))
+                else:
+                    self._take(seq, row)
+            except Exception as exc:  # this sequence's own host work (its sampler, its history)
+                log.exception("taking the token of the sequence in slot %d failed", seq.slot)
+                self._fail(seq, f"generation failed: {type(exc).__name__}: {exc}")
 
     def _take(self, seq: _Sequence, logits: np.ndarray | None = None, token: int | None = None) -> None:
         """Sample the next token of ``seq`` from ``logits`` (or take the engine's ``token``): the part of
@@ -361,11 +440,14 @@ class Scheduler:
         request = seq.request
         seq.pending = None
         if token is None:
-            history = request.prompt_ids + seq.generated if request.sampling.repetition_penalty != 1.0 else ()
-            token = seq.sampler(logits, history)
+            history = request.prompt_ids + seq.generated if request.sampling.needs_history else ()
+            token = seq.sampler(logits, history, seq.generated)
         before = len(seq.generated)
-        seq.ending = take_token(token, seq.generated, self.tokenizer.eos_ids, request.ignore_eos, request.max_tokens)
+        end_ids = seq.sampler.end_ids_set
+        seq.ending = take_token(token, seq.generated, end_ids, request.ignore_eos, request.max_tokens)
         seq.unsent += len(seq.generated) - before  # an end-of-sequence token has no text
+        if request.logprobs is not None and len(seq.generated) > before:
+            seq.generated_logprobs.extend(token_logprobs(logits, [token], request.logprobs))
         if seq.ending is None:
             seq.pending = token
 
@@ -381,7 +463,11 @@ class Scheduler:
         with self.hold_events():
             for seq in self._running:
                 if not seq.done and (seq.unsent or seq.ending):
-                    self._send_text(seq)
+                    try:
+                        self._send_text(seq)
+                    except Exception as exc:  # its detokenizing or stop strings: the others still get theirs
+                        log.exception("sending the text of the sequence in slot %d failed", seq.slot)
+                        self._fail(seq, f"generation failed: {type(exc).__name__}: {exc}")
 
     def _send_text(self, seq: _Sequence) -> None:
         """Stream the text of ``seq``'s new tokens and finish it on a stop string, or on the ending its tokens
@@ -396,12 +482,14 @@ class Scheduler:
             elif metrics:
                 metrics.time_to_first_token.observe(now - request.arrival)
             seq.last_token_time = now
+        first = len(seq.generated) - len(new)
         for i, token in enumerate(new):
             delta = seq.streaming.push(token)
             if metrics:
                 metrics.generation_tokens.inc()
-            if delta:
-                request.emit(TextDelta(delta))
+            logprob = seq.generated_logprobs[first + i] if request.logprobs is not None else None
+            if delta or logprob is not None:
+                request.emit(TextDelta(delta, logprob))
             if seq.streaming.stopped:
                 del seq.generated[len(seq.generated) - len(new) + i + 1 :]
                 self._finish(seq, "stop")
@@ -432,6 +520,8 @@ class Scheduler:
             for seq in self._running:
                 if seq.done:
                     self._free_slots.append(seq.slot)
+                    if seq.finish_reason != "error":  # a failed step may have left its cache half written
+                        self._prefixes.remember(seq.slot, _cached_tokens(seq))
                     if seq.finish_reason is None and seq.request.cancelled and self.metrics:
                         self.metrics.requests_finished.labels("cancelled").inc()
             self._running = [s for s in self._running if not s.done]

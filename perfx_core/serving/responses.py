@@ -1,0 +1,149 @@
+"""The OpenAI response shapes: whole responses and streamed chunks, one choice per prompt, with logprobs."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..logprobs import TokenLogprob
+from ..tokenizer import TokenType
+from .protocol import ParsedRequest
+
+
+@dataclass
+class ChoiceResult:
+    """One prompt's outcome, gathered from its events."""
+
+    index: int
+    text: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # prompt's (with echo), then generated
+
+
+class ResponseBuilder:
+    """Builds the JSON objects of one response (whole or streamed chunks) with a shared id and timestamp."""
+
+    def __init__(self, request: ParsedRequest, tokenizer: Any):
+        self.request = request
+        self.tokenizer = tokenizer
+        self.id = ("chatcmpl-" if request.chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+
+    def _base(self, object_name: str) -> dict[str, Any]:
+        return {"id": self.id, "object": object_name, "created": self.created, "model": self.request.model}
+
+    @staticmethod
+    def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+
+    def whole(self, choices: Sequence[ChoiceResult]) -> dict[str, Any]:
+        wants_logprobs = self.request.logprobs is not None
+        if self.request.chat:
+            body = self._base("chat.completion")
+            body["choices"] = [
+                {
+                    "index": c.index,
+                    "message": {"role": "assistant", "content": c.text},
+                    "logprobs": self.chat_logprobs(c.logprobs) if wants_logprobs else None,
+                    "finish_reason": c.finish_reason,
+                }
+                for c in choices
+            ]
+        else:
+            body = self._base("text_completion")
+            body["choices"] = [
+                {
+                    "index": c.index,
+                    "text": c.text,
+                    "logprobs": self.completion_logprobs(c.logprobs) if wants_logprobs else None,
+                    "finish_reason": c.finish_reason,
+                }
+                for c in choices
+            ]
+        body["usage"] = self.usage(sum(c.prompt_tokens for c in choices), sum(c.completion_tokens for c in choices))
+        return body
+
+    def chunk(
+        self,
+        text: str | None,
+        finish_reason: str | None = None,
+        *,
+        first: bool = False,
+        index: int = 0,
+        logprobs: Sequence[TokenLogprob] = (),
+        text_offset: int = 0,
+    ) -> dict[str, Any]:
+        wants_logprobs = self.request.logprobs is not None
+        if self.request.chat:
+            body = self._base("chat.completion.chunk")
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
+            if text:
+                delta["content"] = text
+            shaped = self.chat_logprobs(logprobs) if wants_logprobs and logprobs else None
+            body["choices"] = [{"index": index, "delta": delta, "logprobs": shaped, "finish_reason": finish_reason}]
+        else:
+            body = self._base("text_completion")
+            shaped = self.completion_logprobs(logprobs, text_offset) if wants_logprobs and logprobs else None
+            body["choices"] = [{"index": index, "text": text or "", "logprobs": shaped, "finish_reason": finish_reason}]
+        if self.request.include_usage:
+            body["usage"] = None
+        return body
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+        body = self._base("chat.completion.chunk" if self.request.chat else "text_completion")
+        body["choices"] = []
+        body["usage"] = self.usage(prompt_tokens, completion_tokens)
+        return body
+
+    # -- logprobs ----------------------------------------------------------------------------------------
+    def _piece(self, token: int) -> str:
+        return self.tokenizer.token_to_piece(token)
+
+    def text_length(self, token: int) -> int:
+        """How many characters ``token`` adds to a completion's text (control tokens: none)."""
+        if self.tokenizer.token_type(token) in (TokenType.CONTROL, TokenType.UNKNOWN):
+            return 0
+        return len(self._piece(token))
+
+    def completion_logprobs(self, entries: Sequence[TokenLogprob], text_offset: int = 0) -> dict[str, Any]:
+        """The legacy completions shape: parallel lists over the tokens (with echo the prompt's first, whose
+        logprob and alternatives are null: nothing predicts it)."""
+        tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
+        offset = text_offset
+        for entry in entries:
+            tokens.append(self._piece(entry.token))
+            token_logprobs.append(entry.logprob)
+            top_logprobs.append({self._piece(t): lp for t, lp in entry.top} if entry.logprob is not None else None)
+            offsets.append(offset)
+            offset += self.text_length(entry.token)
+        return {
+            "tokens": tokens,
+            "token_logprobs": token_logprobs,
+            "top_logprobs": top_logprobs,
+            "text_offset": offsets,
+        }
+
+    def chat_logprobs(self, entries: Sequence[TokenLogprob]) -> dict[str, Any]:
+        def item(token: int, logprob: float) -> dict[str, Any]:
+            return {
+                "token": self._piece(token),
+                "logprob": logprob,
+                "bytes": list(self.tokenizer.token_to_bytes(token)),
+            }
+
+        return {
+            "content": [
+                {**item(e.token, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]}
+                for e in entries
+                if e.logprob is not None
+            ]
+        }
