@@ -105,6 +105,29 @@ class Server:
             self.process.kill()
 
 
+def run_reference(script: str, payload) -> object:
+    """Run ``script`` (Python printing JSON) with ``payload`` as JSON in argv[1], in a process with the servers'
+    kernels and environment; its parsed output."""
+    run = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(payload)], env=SERVER_ENV, capture_output=True, text=True, check=True
+    )
+    return json.loads(run.stdout)
+
+
+def serve(*options: str):
+    """A started server on the bundled model, stopped when the generator is closed (a fixture's body)."""
+    srv = Server(*options)
+    try:
+        yield srv.wait_ready()
+    finally:
+        srv.stop()
+
+
+def client_and_model(server) -> tuple:
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+    return client, client.models.list().data[0].id
+
+
 @pytest.fixture(scope="module")
 def reference():
     process = subprocess.Popen([sys.executable, "-c", REFERENCE], env=SERVER_ENV, stdout=subprocess.PIPE, text=True)

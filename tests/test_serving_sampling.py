@@ -4,12 +4,8 @@ parameters (a reference process with the server's kernels); parameters perfx doe
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
-from test_serving import SERVER_ENV, Server
+from test_serving import client_and_model, run_reference, serve
 
 openai = pytest.importorskip("openai")
 
@@ -34,25 +30,17 @@ print(json.dumps(out))
 
 
 def _reference(cases):
-    run = subprocess.run(
-        [sys.executable, "-c", REFERENCE, json.dumps(cases)], env=SERVER_ENV, capture_output=True, text=True, check=True
-    )
-    return json.loads(run.stdout)
+    return run_reference(REFERENCE, cases)
 
 
 @pytest.fixture(scope="module")
 def server():
-    srv = Server("--max-running", "4")
-    try:
-        yield srv.wait_ready()
-    finally:
-        srv.stop()
+    yield from serve("--max-running", "4")
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
-    return client, client.models.list().data[0].id
+    return client_and_model(server)
 
 
 def test_sampling_parameters_give_the_python_apis_text(client):
