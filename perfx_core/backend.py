@@ -58,6 +58,20 @@ class AttentionSpec:
     n_heads: int
     n_kv_heads: int
     head_dim: int
+    # What the families beyond Llama add (an attention op declares which it implements: OpTable.features):
+    window: int | None = None  # a query sees at most this many positions, itself included
+    softcap: float | None = None  # scores s become softcap * tanh(s / softcap)
+    scale: float | None = None  # multiplier of q.k; None: 1/sqrt(head_dim)
+
+    @property
+    def features(self) -> frozenset[str]:
+        """The optional attention features this layer uses."""
+        used = {"window": self.window is not None, "softcap": self.softcap is not None, "scale": self.scale is not None}
+        return frozenset(name for name, on in used.items() if on)
+
+    @property
+    def score_scale(self) -> float:
+        return self.scale if self.scale is not None else 1.0 / float(np.sqrt(self.head_dim))
 
     @property
     def q_dim(self) -> int:
@@ -90,6 +104,8 @@ class Runtime(ABC):
     backend_name: str
     device: DeviceInfo
     ops: OpTable
+    # The KV-cache dtype a model gets when its caller names none ("float32" or "float16", KVCacheSpec.dtype).
+    default_kv_dtype: str = "float32"
 
     # -- memory ----------------------------------------------------------------------------------------
     @abstractmethod

@@ -42,6 +42,24 @@ class LlamaConfig:
     rope_freq_divisors: tuple[float, ...] | None = None
     tied_embeddings: bool = False
     name: str = ""
+    # -- what the families beyond Llama add (perfx_core.architectures says which family uses what) --
+    arch: str = "llama"
+    qkv_bias: bool = False  # biases on the q, k and v projections (Qwen2)
+    qk_norm: bool = False  # RMSNorm of each q and k head before RoPE (Qwen3, Gemma 3)
+    activation: str = "silu"  # the gated MLP's: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma)
+    post_norms: bool = False  # RMSNorm of the attention and MLP outputs before the residual add (Gemma 2/3)
+    embed_scale: float = 1.0  # the embedding rows are multiplied by this (Gemma: sqrt(dim))
+    attn_scale: float | None = None  # multiplier of q.k; None: 1/sqrt(head_dim)
+    attn_softcap: float | None = None  # scores become cap * tanh(scores / cap) (Gemma 2)
+    final_softcap: float | None = None  # likewise the output logits (Gemma 2)
+    sliding_window: int | None = None  # a query sees at most this many positions, itself included
+    sliding_layers: tuple[bool, ...] | None = None  # which layers use the window; None with a window: all
+    rope_local_theta: float | None = None  # the RoPE base of the sliding layers when it differs (Gemma 3)
+
+    def is_sliding(self, layer: int) -> bool:
+        if self.sliding_window is None:
+            return False
+        return self.sliding_layers is None or self.sliding_layers[layer]
 
     @property
     def q_dim(self) -> int:
@@ -65,6 +83,14 @@ class LayerWeights:
     w_gate: Weight  # (ffn_dim, dim)
     w_up: Weight  # (ffn_dim, dim)
     w_down: Weight  # (dim, ffn_dim)
+    # Present exactly when the config asks for them (qkv_bias, qk_norm, post_norms); float32.
+    bq: np.ndarray | None = None  # (q_dim,)
+    bk: np.ndarray | None = None  # (kv_dim,)
+    bv: np.ndarray | None = None  # (kv_dim,)
+    q_norm: np.ndarray | None = None  # (head_dim,), the same for every head
+    k_norm: np.ndarray | None = None  # (head_dim,)
+    post_attn_norm: np.ndarray | None = None  # (dim,)
+    post_ffn_norm: np.ndarray | None = None  # (dim,)
 
 
 @dataclass
@@ -182,7 +208,38 @@ def config_from_values(values: Mapping[str, Any], where: str, names: Mapping[str
     out["rope_freq_divisors"] = _divisors(check, values.get("rope_freq_divisors"), head_dim // 2)
     out["tied_embeddings"] = check.flag("tied_embeddings", values.get("tied_embeddings", False))
     out["name"] = check.text("name", values.get("name", ""))
+    _family_fields(check, values, out)
     return LlamaConfig(**out)
+
+
+ACTIVATIONS = ("silu", "gelu_tanh")
+
+
+def _family_fields(check: ConfigCheck, values: Mapping[str, Any], out: dict[str, Any]) -> None:
+    """The fields beyond Llama's, each optional with Llama's behaviour as its default."""
+    out["arch"] = check.text("arch", values.get("arch", "llama"))
+    for flag in ("qkv_bias", "qk_norm", "post_norms"):
+        out[flag] = check.flag(flag, values.get(flag, False))
+    activation = values.get("activation", "silu")
+    if activation not in ACTIVATIONS:
+        raise check.bad("activation", activation, f"one of {', '.join(ACTIVATIONS)}", not isinstance(activation, str))
+    out["activation"] = activation
+    out["embed_scale"] = check.number("embed_scale", values.get("embed_scale", 1.0))
+    for name in ("attn_scale", "attn_softcap", "final_softcap", "rope_local_theta"):
+        raw = values.get(name)
+        out[name] = None if raw is None else check.number(name, raw)
+    window = values.get("sliding_window")
+    out["sliding_window"] = None if window is None else check.integer("sliding_window", window)
+    layers = values.get("sliding_layers")
+    if layers is not None:
+        if (
+            not isinstance(layers, (list, tuple))
+            or len(layers) != out["n_layers"]
+            or not all(isinstance(v, (bool, np.bool_)) for v in layers)
+        ):
+            raise check.error(f"{check.name('sliding_layers')} must be {out['n_layers']} true/false values")
+        layers = tuple(bool(v) for v in layers)
+    out["sliding_layers"] = layers
 
 
 def _rope_scaling(check: ConfigCheck, raw: Any) -> RopeScaling | None:

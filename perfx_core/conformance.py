@@ -492,10 +492,12 @@ def _attention_case(
     t_len: int = 1,
     max_seq: int = 128,
     prompt: tuple[int, int] | None = None,
+    **features: Any,
 ) -> tuple[str, float, Body]:
     """Decode of len(slots) sequences at ``positions``, or a prefill of t_len tokens at positions[0].. of slots[0];
-    attention_mixed: the decode rows, then a chunk of t_len tokens of ``prompt`` = (slot, start)."""
-    spec = AttentionSpec(*heads)
+    attention_mixed: the decode rows, then a chunk of t_len tokens of ``prompt`` = (slot, start). ``features``:
+    AttentionSpec's optional ones (window, softcap, scale)."""
+    spec = AttentionSpec(*heads, **features)
     kv = KVCacheSpec(
         n_layers=2,
         n_slots=4,
@@ -557,6 +559,8 @@ def _attention_case(
     )
     if prompt is not None:
         where += f" + prompt slot={prompt[0]} start={prompt[1]} T={t_len}"
+    if features:
+        where += " " + " ".join(f"{k}={v:g}" for k, v in features.items())
     return f"heads {spec.n_heads}/{spec.n_kv_heads}x{spec.head_dim} {cache_dtype} cache {where}", MATMUL_LIMIT, body
 
 
@@ -694,7 +698,94 @@ def _cases(op: str) -> list[tuple[str, float, Body]]:
             # decode rows over several partitions next to a chunk
             _attention_case(op, (8, 2, 64), "float32", [1, 3], [700, 3], t_len=16, prompt=(0, 300), max_seq=720),
         ]
+    if op == "add_bias":
+        return [_elementwise_case(op, n, m) for n, m in ((1, 96), (5, 129), (17, 1280))]
+    if op == "scale":
+        return [_elementwise_case(op, n, m) for n, m in ((1, 640), (7, 129))]
+    if op == "softcap":
+        return [_elementwise_case(op, n, m) for n, m in ((1, 4097), (5, 96))]
+    if op == "gelu_mul":
+        return [_gelu_case(1, 1), _gelu_case(5, 129), _gelu_case(17, 2048)]
+    if op == "gate_up_gelu":
+        return [
+            _gate_up_gelu_case(n, desc)
+            for n, desc in ((1, ("int4", 256, 128, 32, "rtn")), (9, ("dense", 130, 64, "float16")))
+        ]
+    if op == "head_rmsnorm":
+        return [_head_norm_case(n, heads) for n, heads in ((1, (4, 1, 256)), (7, (8, 2, 64)), (3, (6, 6, 32)))]
     raise InvalidArgumentError(f"no conformance cases for op {op!r}")
+
+
+def _feature_cases(op: str) -> list[tuple[frozenset[str], tuple[str, float, Body]]]:
+    """Attention cases of the optional features, run where the op declares them (OpTable.features)."""
+    if op not in ("attention_decode", "attention_prefill"):
+        return []
+    cases = [
+        ({"window": 8}, dict(slots=[1, 0], positions=[3, 40])),
+        ({"softcap": 5.0}, dict(slots=[2], positions=[20])),
+        ({"scale": 0.3}, dict(slots=[0], positions=[9])),
+        ({"window": 16, "softcap": 3.0, "scale": 0.05}, dict(slots=[3, 1], positions=[70, 2])),
+    ]
+    out = []
+    for features, where in cases:
+        kwargs: dict[str, Any] = dict(where)
+        if op == "attention_prefill":
+            kwargs = {"slots": where["slots"][:1], "positions": where["positions"][:1], "t_len": 23}
+        out.append((frozenset(features), _attention_case(op, (4, 2, 32), "float32", **kwargs, **features)))
+    return out
+
+
+def _elementwise_case(op: str, n: int, m: int) -> tuple[str, float, Body]:
+    def body(t: _Trial, rng: np.random.Generator) -> None:
+        x = _activations(rng, (n, m), decades=1.0)
+        out = t.output("out", (n, m))
+        if op == "add_bias":
+            bias = rng.standard_normal(m).astype(np.float32)
+            t.rt.ops.add_bias(t.input("x", x), t.input("bias", bias), out)
+            t.compare("out", reference.add_bias(x, bias), EXACT_LIMIT)
+        elif op == "scale":
+            t.rt.ops.scale(t.input("x", x), 25.3, out)
+            t.compare("out", np.asarray(x, np.float64) * 25.3, EXACT_LIMIT)
+        else:
+            t.rt.ops.softcap(t.input("x", x), 30.0, out)
+            t.compare("out", reference.softcap(x, 30.0), NORM_LIMIT)
+
+    return f"n={n} m={m}", EXACT_LIMIT if op != "softcap" else NORM_LIMIT, body
+
+
+def _gelu_case(n: int, f: int) -> tuple[str, float, Body]:
+    def body(t: _Trial, rng: np.random.Generator) -> None:
+        gate_up = _activations(rng, (n, 2 * f), decades=1.5)
+        out = t.output("out", (n, f))
+        t.rt.ops.gelu_mul(t.input("gate_up", gate_up), out)
+        t.compare("out", reference.gelu_mul(gate_up), NORM_LIMIT)
+
+    return f"n={n} f={f}", NORM_LIMIT, body
+
+
+def _gate_up_gelu_case(n: int, desc: tuple) -> tuple[str, float, Body]:
+    def body(t: _Trial, rng: np.random.Generator) -> None:
+        w = _make_weight(rng, desc)
+        x = _activations(rng, (n, desc[2]), decades=1.0)
+        out = t.output("out", (n, desc[1] // 2))
+        t.rt.ops.gate_up_gelu(t.input("x", x), t.weight(w), out)
+        t.compare("out", reference.gelu_mul(reference.matmul(x, w)), MATMUL_LIMIT)
+
+    return f"n={n} {_describe(desc)}", MATMUL_LIMIT, body
+
+
+def _head_norm_case(n: int, heads: tuple[int, int, int]) -> tuple[str, float, Body]:
+    spec = AttentionSpec(*heads)
+
+    def body(t: _Trial, rng: np.random.Generator) -> None:
+        qkv = _activations(rng, (n, spec.qkv_dim), decades=2.0)
+        qw = (1.0 + 0.3 * rng.standard_normal(spec.head_dim)).astype(np.float32)
+        kw = (1.0 + 0.3 * rng.standard_normal(spec.head_dim)).astype(np.float32)
+        out = t.output("out", (n, spec.qkv_dim))
+        t.rt.ops.head_rmsnorm(t.input("qkv", qkv), t.input("q_weight", qw), t.input("k_weight", kw), 1e-6, spec, out)
+        t.compare("out", reference.head_rmsnorm(qkv, qw, kw, 1e-6, spec), NORM_LIMIT)
+
+    return f"n={n} heads {spec.n_heads}/{spec.n_kv_heads}x{spec.head_dim}", NORM_LIMIT, body
 
 
 # -- running ---------------------------------------------------------------------------------------------
@@ -758,6 +849,10 @@ def check_backend(
                 continue  # the generic version needs Runtime.write, which is optional; the model never calls it
             for case, limit, body in _cases(op):
                 report.results.append(_run_case(rt, op, case, limit, body, seed))
+            declared = rt.ops.features(op)
+            for features, (case, limit, body) in _feature_cases(op):
+                if features <= declared:
+                    report.results.append(_run_case(rt, op, case, limit, body, seed))
     finally:
         rt.close()
     report.seconds = time.perf_counter() - start

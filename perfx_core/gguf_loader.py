@@ -20,12 +20,13 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, Keys
 from gguf import quants as gguf_quants
 
+from .architectures import family_for_gguf, family_named
+from .architectures.base import OPTIONAL_TENSORS, expected_shapes, optional_tensors
 from .config import ConfigCheck, LayerWeights, LlamaConfig, LlamaWeights, RopeScaling, config_from_values, show
 from .errors import ModelFormatError
 from .gguf_file import GGUFFile, TensorInfo, read_gguf
 from .weights import DenseWeight, Int4Weight, Weight, quantize_rtn, take_rows
 
-SUPPORTED_ARCHITECTURES = ("llama",)
 _CHUNK_ELEMENTS = 1 << 20  # convert ~1M elements at a time so temporaries stay small next to the result
 _IGNORED_TENSORS = re.compile(r"rope_freqs\.weight|blk\.\d+\.attn_rot_embd")  # read separately or unused
 
@@ -34,31 +35,53 @@ _FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantiza
 
 
 def load_llama_gguf(source: str | os.PathLike[str] | GGUFFile) -> tuple[LlamaConfig, LlamaWeights, GGUFFile]:
-    """Read a Llama GGUF: its config, its weights in perfx formats (q/k rows in HF order), and the parsed file."""
+    """Read a GGUF of any family perfx runs: its config, its weights in perfx formats (q/k rows in HF order),
+    and the parsed file."""
     gf = source if isinstance(source, GGUFFile) else read_gguf(source)
     if gf.data_offset is None:
         raise ModelFormatError(f"{gf.path} was read with tensors=False; pass the path or read_gguf(path) instead")
     config = read_llama_config(gf)
     check_tensor_names(gf, config)  # before converting anything, so a wrong file fails at once
     loader = TensorLoader(gf)
+    family = family_named(config.arch)
 
-    q_order = hf_row_order(config.n_heads, config.head_dim)
-    k_order = hf_row_order(config.n_kv_heads, config.head_dim)
+    q_order = hf_row_order(config.n_heads, config.head_dim) if family.gguf_permuted_qk else None
+    k_order = hf_row_order(config.n_kv_heads, config.head_dim) if family.gguf_permuted_qk else None
     dim, q_dim, kv_dim, ffn = config.dim, config.q_dim, config.kv_dim, config.ffn_dim
+    optional = {name: OPTIONAL_TENSORS[name][0] for name in optional_tensors(config)}
+    shapes = expected_shapes(config)
     layers = []
     for i in range(config.n_layers):
         p = f"blk.{i}."
+        if family.fused:  # Phi-3: q, k, v in attn_qkv; gate and up in ffn_up
+            qkv = loader.matrix(p + "attn_qkv.weight", (q_dim + 2 * kv_dim, dim))
+            gate_up = loader.matrix(p + "ffn_up.weight", (2 * ffn, dim))
+            wq, wk, wv = (take_rows(qkv, np.arange(a, b)) for a, b in _bounds(q_dim, kv_dim, kv_dim))
+            w_gate, w_up = (take_rows(gate_up, np.arange(a, b)) for a, b in _bounds(ffn, ffn))
+        else:
+            wq = loader.matrix(p + "attn_q.weight", (q_dim, dim))
+            wk = loader.matrix(p + "attn_k.weight", (kv_dim, dim))
+            wv = loader.matrix(p + "attn_v.weight", (kv_dim, dim))
+            w_gate = loader.matrix(p + "ffn_gate.weight", (ffn, dim))
+            w_up = loader.matrix(p + "ffn_up.weight", (ffn, dim))
+        extra = {name: loader.vector(p + gguf, shapes[name][0]) for name, gguf in optional.items()}
+        if q_order is not None:
+            wq, wk = take_rows(wq, q_order), take_rows(wk, k_order)
+            for name, order in (("bq", q_order), ("bk", k_order)):
+                if name in extra:
+                    extra[name] = extra[name][order]
         layers.append(
             LayerWeights(
                 attn_norm=loader.vector(p + "attn_norm.weight", dim),
-                wq=take_rows(loader.matrix(p + "attn_q.weight", (q_dim, dim)), q_order),
-                wk=take_rows(loader.matrix(p + "attn_k.weight", (kv_dim, dim)), k_order),
-                wv=loader.matrix(p + "attn_v.weight", (kv_dim, dim)),
+                wq=wq,
+                wk=wk,
+                wv=wv,
                 wo=loader.matrix(p + "attn_output.weight", (dim, q_dim)),
                 ffn_norm=loader.vector(p + "ffn_norm.weight", dim),
-                w_gate=loader.matrix(p + "ffn_gate.weight", (ffn, dim)),
-                w_up=loader.matrix(p + "ffn_up.weight", (ffn, dim)),
+                w_gate=w_gate,
+                w_up=w_up,
                 w_down=loader.matrix(p + "ffn_down.weight", (dim, ffn)),
+                **extra,
             )
         )
     embedding = loader.matrix("token_embd.weight", (config.vocab_size, dim))
@@ -75,42 +98,65 @@ def load_llama_gguf(source: str | os.PathLike[str] | GGUFFile) -> tuple[LlamaCon
     return config, weights, gf
 
 
+def _arch(gf: GGUFFile) -> str:
+    return str(gf.metadata.get(Keys.General.ARCHITECTURE, "llama"))
+
+
+def _bounds(*sizes: int) -> list[tuple[int, int]]:
+    """Consecutive [start, end) row ranges of the given sizes."""
+    ends = np.cumsum(sizes).tolist()
+    return list(zip([0, *ends[:-1]], ends, strict=True))
+
+
+def block_tensor_names(config: LlamaConfig) -> list[str]:
+    """The GGUF names of one block's tensors (without the 'blk.N.' prefix) for ``config``'s family."""
+    family = family_named(config.arch)
+    names = list(_LAYER_PARTS)
+    if family.fused:
+        names = [n for n in names if n not in ("attn_q", "attn_k", "attn_v", "ffn_gate")] + ["attn_qkv"]
+    names = [f"{n}.weight" for n in names]
+    return names + [OPTIONAL_TENSORS[name][0] for name in optional_tensors(config)]
+
+
 _LAYER_PARTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
-_BLOCK_TENSOR = re.compile(rf"blk\.(0|[1-9]\d*)\.(?:{'|'.join(_LAYER_PARTS)})\.weight")
+_BLOCK_TENSOR = re.compile(r"blk\.(0|[1-9]\d*)\.([a-z_]+\.(?:weight|bias))")
 
 
 def check_tensor_names(gf: GGUFFile, config: LlamaConfig) -> None:
-    """ModelFormatError naming the first missing, unexpected or misshapen tensor a Llama of ``config`` needs.
+    """ModelFormatError naming the first missing, unexpected or misshapen tensor a model of ``config`` needs.
 
     Runs before anything is sized by the metadata: a block count or head count the tensor table cannot back
     fails here, not in an allocation.
     """
     n = config.n_layers
     top = ("token_embd.weight", "output_norm.weight")
+    parts = block_tensor_names(config)
+    wanted = set(parts)
 
     def expected(name: str) -> bool:
         m = _BLOCK_TENSOR.fullmatch(name)
-        return name in top or (m is not None and int(m.group(1)) < n)
+        return name in top or (m is not None and int(m.group(1)) < n and m.group(2) in wanted)
 
     # Names are generated lazily and counted from the tensor table, never listed: the block count is not
     # trusted until the tensors back it.
-    names = (f"blk.{i}.{part}.weight" for i in range(n) for part in _LAYER_PARTS)
+    names = (f"blk.{i}.{part}" for i in range(n) for part in parts)
     first = next((t for t in top if t not in gf.tensors), None) or next((t for t in names if t not in gf.tensors), None)
     if first is not None:
-        missing = len(top) + len(_LAYER_PARTS) * n - sum(map(expected, gf.tensors))
-        more = f" (and {missing - 1} more are missing; {_CONFIG_KEYS['n_layers'].format(arch='llama')!r} is {n})"
+        missing = len(top) + len(parts) * n - sum(map(expected, gf.tensors))
+        more = f" (and {missing - 1} more are missing; {_CONFIG_KEYS['n_layers'].format(arch=_arch(gf))!r} is {n})"
         raise ModelFormatError(
-            f"{gf.path} has no tensor {first!r}{more if missing > 1 else ''}; check that the file is a complete model"
+            f"{gf.path} has no tensor {first!r}{more if missing > 1 else ''}, which a {config.arch} model with this "
+            "metadata has; check that the file is a complete model"
         )
     optional = {"output.weight"}
     unused = sorted(t for t in gf.tensors if not (expected(t) or t in optional or _IGNORED_TENSORS.fullmatch(t)))
     if unused:
         raise ModelFormatError(
-            f"{gf.path} has tensors a Llama model does not use: {', '.join(unused[:8])}"
-            f"{' ...' if len(unused) > 8 else ''}; perfx would ignore them and compute wrong outputs. "
-            "Use a plain Llama GGUF (no biases or extra heads)"
+            f"{gf.path} has tensors a {config.arch} model as its metadata describes does not use: "
+            f"{', '.join(unused[:8])}{' ...' if len(unused) > 8 else ''}; perfx would ignore them and compute wrong "
+            "outputs, so the metadata and the tensors disagree"
         )
-    for name, shape, why in _expected_shapes(config):
+    for name, shape, why in _expected_shapes(config, _arch(gf)):
         info = gf.tensors.get(name)
         if info is not None and info.shape != shape:
             raise ModelFormatError(
@@ -118,26 +164,39 @@ def check_tensor_names(gf: GGUFFile, config: LlamaConfig) -> None:
             )
 
 
-def _expected_shapes(config: LlamaConfig) -> Iterator[tuple[str, tuple[int, ...], str]]:
-    """(tensor, shape, which metadata implies it) for every tensor of a Llama of ``config``."""
+def _expected_shapes(config: LlamaConfig, arch: str) -> Iterator[tuple[str, tuple[int, ...], str]]:
+    """(tensor, shape, which metadata implies it) for every tensor of a model of ``config``."""
     c = config
-    k = {f: f"{key.format(arch='llama')!r} {getattr(c, f)}" for f, key in _CONFIG_KEYS.items() if hasattr(c, f)}
+    k = {f: f"{key.format(arch=arch)!r} {getattr(c, f)}" for f, key in _CONFIG_KEYS.items() if hasattr(c, f)}
     head = f"head size {c.head_dim}"
     q, kv, d, ffn = c.q_dim, c.kv_dim, c.dim, c.ffn_dim
     yield "token_embd.weight", (c.vocab_size, d), k["dim"]
     yield "output.weight", (c.vocab_size, d), k["dim"]
     yield "output_norm.weight", (d,), k["dim"]
+    per_block = {
+        "attn_norm.weight": ((d,), k["dim"]),
+        "attn_q.weight": ((q, d), f"{k['n_heads']} x {head} and {k['dim']}"),
+        "attn_k.weight": ((kv, d), f"{k['n_kv_heads']} x {head} and {k['dim']}"),
+        "attn_v.weight": ((kv, d), f"{k['n_kv_heads']} x {head} and {k['dim']}"),
+        "attn_qkv.weight": ((q + 2 * kv, d), f"{k['n_heads']} and {k['n_kv_heads']} x {head}, {k['dim']}"),
+        "attn_output.weight": ((d, q), f"{k['dim']} and {k['n_heads']} x {head}"),
+        "ffn_norm.weight": ((d,), k["dim"]),
+        "ffn_gate.weight": ((ffn, d), f"{k['ffn_dim']} and {k['dim']}"),
+        "ffn_up.weight": ((2 * ffn if family_named(c.arch).fused else ffn, d), f"{k['ffn_dim']} and {k['dim']}"),
+        "ffn_down.weight": ((d, ffn), f"{k['dim']} and {k['ffn_dim']}"),
+        "attn_q.bias": ((q,), f"{k['n_heads']} x {head}"),
+        "attn_k.bias": ((kv,), f"{k['n_kv_heads']} x {head}"),
+        "attn_v.bias": ((kv,), f"{k['n_kv_heads']} x {head}"),
+        "attn_q_norm.weight": ((c.head_dim,), head),
+        "attn_k_norm.weight": ((c.head_dim,), head),
+        "post_attention_norm.weight": ((d,), k["dim"]),
+        "post_ffw_norm.weight": ((d,), k["dim"]),
+    }
+    parts = block_tensor_names(config)
     for i in range(c.n_layers):
-        p = f"blk.{i}."
-        yield p + "attn_norm.weight", (d,), k["dim"]
-        yield p + "attn_q.weight", (q, d), f"{k['n_heads']} x {head} and {k['dim']}"
-        yield p + "attn_k.weight", (kv, d), f"{k['n_kv_heads']} x {head} and {k['dim']}"
-        yield p + "attn_v.weight", (kv, d), f"{k['n_kv_heads']} x {head} and {k['dim']}"
-        yield p + "attn_output.weight", (d, q), f"{k['dim']} and {k['n_heads']} x {head}"
-        yield p + "ffn_norm.weight", (d,), k["dim"]
-        yield p + "ffn_gate.weight", (ffn, d), f"{k['ffn_dim']} and {k['dim']}"
-        yield p + "ffn_up.weight", (ffn, d), f"{k['ffn_dim']} and {k['dim']}"
-        yield p + "ffn_down.weight", (d, ffn), f"{k['dim']} and {k['ffn_dim']}"
+        for part in parts:
+            shape, why = per_block[part]
+            yield f"blk.{i}.{part}", shape, why
 
 
 # -- config -------------------------------------------------------------------------------------------------
@@ -165,13 +224,17 @@ def read_llama_config(gf: GGUFFile) -> LlamaConfig:
     """The LlamaConfig of a GGUF, from its metadata and the token embedding's shape (no weights are read)."""
     meta = gf.metadata
     arch = _get(gf, Keys.General.ARCHITECTURE, str)
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ModelFormatError(
-            f"{gf.path} is a {arch!r} model; perfx loads the {', '.join(SUPPORTED_ARCHITECTURES)} architecture "
-            "(Llama, Llama 2/3, SmolLM, TinyLlama, Mistral 7B ...)"
-        )
+    family = family_for_gguf(arch, str(gf.path))
     names = {f: k.format(arch=arch) for f, k in _CONFIG_KEYS.items()}
     values: dict[str, Any] = {f: meta[k] for f, k in names.items() if k in meta and "." not in f}
+    values.update(family.gguf_values(meta, arch))
+    values["arch"] = family.name
+    names.update(
+        sliding_window=f"{arch}.attention.sliding_window",
+        attn_softcap=f"{arch}.attn_logit_softcapping",
+        final_softcap=f"{arch}.final_logit_softcapping",
+        rope_local_theta=f"{arch}.rope.freq_base_swa",
+    )
     values.setdefault("rope_theta", 10000.0)
     # The head size: the key length if given, else the RoPE width, else dim / heads (LlamaConfig's default).
     key_length, rope_dims = Keys.Attention.KEY_LENGTH.format(arch=arch), Keys.Rope.DIMENSION_COUNT.format(arch=arch)
@@ -375,7 +438,25 @@ class TensorLoader:
             return DenseWeight(_convert_rows(raw, shape, np.float32, _q8_0_to_f32))
         if t in _Q4:
             return _q4_to_int4(raw, shape, t)
-        return self.requantize(info, raw)
+        if t == GGMLQuantizationType.Q4_K:
+            return _q4_k_to_int4(raw, shape)
+        return self.widen(info, raw)
+
+    def widen(self, info: TensorInfo, raw: np.ndarray) -> DenseWeight:
+        """A type perfx has no kernels for yet, dequantized to float16: within float16 rounding of the file's
+        values (a re-quantization to int4 would lose far more), at 2 bytes per weight."""
+        rows, cols = info.shape
+        out = np.empty((rows, cols), np.float16)
+        for rs in _row_chunks(rows, cols):
+            try:
+                out[rs] = gguf_quants.dequantize(np.asarray(raw[rs]), info.ggml_type)
+            except NotImplementedError:  # types gguf cannot dequantize (integer tensors, F64, new types)
+                raise ModelFormatError(
+                    f"{self.gf.path}: tensor {info.name!r} has type {info.ggml_type.name}, which perfx cannot "
+                    "convert; use a GGUF quantized to Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0, F16 or BF16"
+                ) from None
+        self.requantized[info.ggml_type].append(0)
+        return DenseWeight(out)
 
     def requantize(self, info: TensorInfo, raw: np.ndarray) -> Int4Weight:
         rows, cols = info.shape
@@ -401,12 +482,18 @@ class TensorLoader:
     def requantize_notes(self) -> list[str]:
         notes = []
         for t, groups in self.requantized.items():
-            sizes = "/".join(str(g) for g in sorted(set(groups), reverse=True))
-            msg = (
-                f"{len(groups)} {t.name} tensors were dequantized and re-quantized to int4 (round-to-nearest, "
-                f"group {sizes}); perfx has no {t.name} kernels, so expect a small extra quantization loss. "
-                "A Q4_0/Q4_1 GGUF loads without it"
-            )
+            if all(g == 0 for g in groups):
+                msg = (
+                    f"{len(groups)} {t.name} tensors were widened to float16 (2 bytes per weight, within float16 "
+                    f"rounding of the file's values): perfx has no {t.name} kernels yet"
+                )
+            else:
+                sizes = "/".join(str(g) for g in sorted(set(groups), reverse=True))
+                msg = (
+                    f"{len(groups)} {t.name} tensors were dequantized and re-quantized to int4 (round-to-nearest, "
+                    f"group {sizes}); perfx has no {t.name} kernels, so expect a small extra quantization loss. "
+                    "A Q4_0/Q4_1 GGUF loads without it"
+                )
             warnings.warn(msg, stacklevel=3)
             notes.append(msg)
         return notes
@@ -480,6 +567,43 @@ def _q4_to_int4(raw: np.ndarray, shape: tuple[int, int], t: GGMLQuantizationType
         out[:, :, :8] = lo[:, :, 0::2] | (lo[:, :, 1::2] << 4)
         out[:, :, 8:] = hi[:, :, 0::2] | (hi[:, :, 1::2] << 4)
         packed[rs] = out.reshape(out.shape[0], -1)
+    return Int4Weight(packed, scale, bias, 32)
+
+
+_QK_K = 256  # values per K-quant super-block
+
+
+def _q4_k_scales(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 6-bit scale and min of each of a Q4_K block's 8 sub-blocks, from its 12 packed bytes (..., 12)."""
+    sc = sc.astype(np.uint8)
+    scale = np.empty((*sc.shape[:-1], 8), np.uint8)
+    mins = np.empty_like(scale)
+    scale[..., :4] = sc[..., 0:4] & 63
+    mins[..., :4] = sc[..., 4:8] & 63
+    scale[..., 4:] = (sc[..., 8:12] & 0x0F) | ((sc[..., 0:4] >> 6) << 4)
+    mins[..., 4:] = (sc[..., 8:12] >> 4) | ((sc[..., 4:8] >> 6) << 4)
+    return scale, mins
+
+
+def _q4_k_to_int4(raw: np.ndarray, shape: tuple[int, int]) -> Int4Weight:
+    """Q4_K as int4 with groups of 32: its codes as they are, scale d * sc (float16) and bias -dmin * m (float32,
+    exact), so a value differs from the file's only by the float16 rounding of its group's scale."""
+    rows, cols = shape
+    nb = cols // _QK_K
+    packed = np.empty((rows, cols // 2), np.uint8)
+    scale = np.empty((rows, cols // 32), np.float16)
+    bias = np.empty((rows, cols // 32), np.float32)
+    for rs in _row_chunks(rows, cols):
+        b = np.asarray(raw[rs]).reshape(-1, nb, 144)  # d (2), dmin (2), scales (12), qs (128)
+        n = b.shape[0]
+        d = np.ascontiguousarray(b[:, :, 0:2]).view(np.float16)[:, :, 0].astype(np.float32)
+        dmin = np.ascontiguousarray(b[:, :, 2:4]).view(np.float16)[:, :, 0].astype(np.float32)
+        sc, m = _q4_k_scales(b[:, :, 4:16])
+        scale[rs] = (d[:, :, None] * sc).reshape(n, -1)
+        bias[rs] = (-(dmin[:, :, None] * m)).reshape(n, -1)
+        qs = b[:, :, 16:].reshape(n, nb, 4, 32)  # 4 chunks of 64 values: low nibbles 32 values, high the next 32
+        codes = np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(n, nb * _QK_K)  # in column order
+        packed[rs] = codes[:, 0::2] | (codes[:, 1::2] << 4)
     return Int4Weight(packed, scale, bias, 32)
 
 

@@ -6,6 +6,7 @@ so one model serves one chat (slot 0) or a batch of requests (one slot each).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ import numpy as np
 
 from .backend import AttentionSpec, KVCacheSpec, RopeTable, Runtime
 from .config import LlamaConfig, LlamaWeights
-from .errors import ContextLengthError, InvalidArgumentError
+from .errors import BackendError, ContextLengthError, InvalidArgumentError
 from .ops import PROMPT_KEYS, prompt_indices
 from .rope import rope_cos_sin
 from .sampling import ENGINE_ROW, engine_draw, engine_params
@@ -30,6 +31,11 @@ class DeviceLayer:
     ffn_norm: Any  # (dim,)
     w_gate_up: Any  # (2 ffn_dim, dim)
     w_down: Any  # (dim, ffn_dim)
+    b_qkv: Any = None  # (q_dim + 2 kv_dim,): Qwen2's q, k, v biases
+    q_norm: Any = None  # (head_dim,): Qwen3's and Gemma 3's per-head norms of q and k
+    k_norm: Any = None
+    post_attn_norm: Any = None  # (dim,): Gemma's norms of the attention and MLP outputs
+    post_ffn_norm: Any = None
 
 
 MAX_GRAPHS = 512  # recorded steps kept (decode batch sizes x picks and prefill lengths, x attention signatures)
@@ -72,19 +78,31 @@ class LlamaModel:
         n_slots: int = 1,
         max_seq_len: int | None = None,
         prefill_chunk: int = 256,
-        kv_dtype: str = "float32",
+        kv_dtype: str | None = None,
     ):
         if n_slots < 1 or prefill_chunk < 1:
             raise InvalidArgumentError("n_slots and prefill_chunk must be at least 1")
+        kv_dtype = kv_dtype or runtime.default_kv_dtype  # None: the runtime's choice (float16 on OpenCL GPUs)
+        if kv_dtype not in ("float32", "float16"):
+            raise InvalidArgumentError(f"kv_dtype must be 'float32' or 'float16'; got {kv_dtype!r}")
         self.config = config
         self.rt = runtime
         self.n_slots = n_slots
         self.max_seq_len = min(max_seq_len or config.context_length, config.context_length)
         self.prefill_chunk = prefill_chunk
         self.attention = AttentionSpec(config.n_heads, config.n_kv_heads, config.head_dim)
+        self.layer_specs = [self._layer_spec(i) for i in range(config.n_layers)]
+        self._check_features()
         self._upload_weights(weights)
         cos, sin = rope_cos_sin(config, self.max_seq_len)
         self.rope = RopeTable(runtime.from_numpy(cos), runtime.from_numpy(sin))
+        # Gemma 3's sliding layers rotate with their own base.
+        local = config.rope_local_theta
+        local_rope = self.rope
+        if local is not None and local != config.rope_theta:
+            cos, sin = rope_cos_sin(dataclasses.replace(config, rope_theta=local, rope_scaling=None), self.max_seq_len)
+            local_rope = RopeTable(runtime.from_numpy(cos), runtime.from_numpy(sin))
+        self.layer_ropes = [local_rope if config.is_sliding(i) else self.rope for i in range(config.n_layers)]
         self.cache_spec = KVCacheSpec(
             config.n_layers, n_slots, self.max_seq_len, config.n_kv_heads, config.head_dim, kv_dtype
         )
@@ -96,20 +114,48 @@ class LlamaModel:
         self.recordings = 0  # graphs recorded so far (a recording step runs the ops' Python: slower than a replay)
         self._unread: QueuedRows | None = None  # the last queued decode step, until its rows are read
 
+    def _layer_spec(self, layer: int) -> AttentionSpec:
+        """Layer ``layer``'s attention: the family's features, a window only where it can hide a position."""
+        c = self.config
+        window = c.sliding_window if c.is_sliding(layer) and c.sliding_window < self.max_seq_len else None
+        scale = c.attn_scale if c.attn_scale is not None and c.attn_scale != c.head_dim**-0.5 else None
+        return AttentionSpec(c.n_heads, c.n_kv_heads, c.head_dim, window=window, softcap=c.attn_softcap, scale=scale)
+
+    def _check_features(self) -> None:
+        """A model whose attention needs a feature its backend's attention ops lack is refused now, not run wrong."""
+        needed = frozenset().union(*(spec.features for spec in self.layer_specs))
+        for op in ("attention_decode", "attention_prefill", "attention_mixed"):
+            lacking = needed - self.rt.ops.features(op) if op != "attention_mixed" else frozenset()
+            if lacking:
+                raise BackendError(
+                    f"this {self.config.arch} model needs {', '.join(sorted(lacking))} in its attention, which "
+                    f"{self.rt.backend_name}'s {op} ({self.rt.ops.sources[op]}) does not implement; run it on the "
+                    "numpy backend, or with a context no longer than its sliding window"
+                )
+
     def _upload_weights(self, weights: LlamaWeights) -> None:
         rt = self.rt
         self.embedding = rt.prepare_weight(weights.token_embedding)
         tied = weights.output is weights.token_embedding
         self.output = self.embedding if tied else rt.prepare_weight(weights.output)
         self.norm = rt.from_numpy(weights.norm.astype(np.float32))
+
+        def vector(v: np.ndarray | None) -> Any:
+            return None if v is None else rt.from_numpy(np.asarray(v, dtype=np.float32))
+
         self.layers = [
             DeviceLayer(
-                attn_norm=rt.from_numpy(layer.attn_norm.astype(np.float32)),
+                attn_norm=vector(layer.attn_norm),
                 w_qkv=rt.prepare_weight(concat_rows([layer.wq, layer.wk, layer.wv])),
                 wo=rt.prepare_weight(layer.wo),
-                ffn_norm=rt.from_numpy(layer.ffn_norm.astype(np.float32)),
+                ffn_norm=vector(layer.ffn_norm),
                 w_gate_up=rt.prepare_weight(concat_rows([layer.w_gate, layer.w_up])),
                 w_down=rt.prepare_weight(layer.w_down),
+                b_qkv=vector(np.concatenate([layer.bq, layer.bk, layer.bv]) if layer.bq is not None else None),
+                q_norm=vector(layer.q_norm),
+                k_norm=vector(layer.k_norm),
+                post_attn_norm=vector(layer.post_attn_norm),
+                post_ffn_norm=vector(layer.post_ffn_norm),
             )
             for layer in weights.layers
         ]
@@ -121,6 +167,9 @@ class LlamaModel:
             "x": rt.empty((max_tokens, c.dim)),  # residual stream
             "h": rt.empty((max_tokens, c.dim)),  # normed input of the next matmul
             "qkv": rt.empty((max_tokens, self.attention.qkv_dim)),
+            "qkv_in": rt.empty((max_tokens, self.attention.qkv_dim)),  # before bias / q-k norm
+            "y": rt.empty((max_tokens, c.dim)),  # a block part's output before its post-norm
+            "y_normed": rt.empty((max_tokens, c.dim)),
             "attn": rt.empty((max_tokens, c.q_dim)),
             "ffn": rt.empty((max_tokens, c.ffn_dim)),
             "logits": rt.empty((self.n_slots, c.vocab_size)),
@@ -135,24 +184,70 @@ class LlamaModel:
     # -- forward ---------------------------------------------------------------------------------------
     def _forward(self, ids: np.ndarray, attend: Callable[[Any, int, Any], None]) -> Any:
         """Run every block on ``ids``; returns the final-normed hidden rows (n, dim) on the device."""
-        ops, eps, n = self.rt.ops, self.config.norm_eps, len(ids)
+        ops, c, n = self.rt.ops, self.config, len(ids)
+        eps = c.norm_eps
         x, h, qkv = self._rows("x", 0, n), self._rows("h", 0, n), self._rows("qkv", 0, n)
         attn, ffn = self._rows("attn", 0, n), self._rows("ffn", 0, n)
-        ops.embedding(self.embedding, ids, x)
+        if c.embed_scale != 1.0:
+            ops.embedding(self.embedding, ids, h)
+            ops.scale(h, c.embed_scale, x)
+        else:
+            ops.embedding(self.embedding, ids, x)
         ops.rmsnorm(x, self.layers[0].attn_norm, eps, h)
         for i, layer in enumerate(self.layers):
-            ops.qkv_proj(h, layer.w_qkv, qkv)
+            self._qkv(h, layer, self.layer_specs[i], qkv)
             attend(qkv, i, attn)
-            ops.linear_add_rmsnorm(attn, layer.wo, x, layer.ffn_norm, eps, h)
-            ops.gate_up_silu(h, layer.w_gate_up, ffn)
+            self._residual_add(attn, layer.wo, layer.post_attn_norm, layer.ffn_norm, h)
+            if c.activation == "gelu_tanh":
+                ops.gate_up_gelu(h, layer.w_gate_up, ffn)
+            else:
+                ops.gate_up_silu(h, layer.w_gate_up, ffn)
             # The block's output joins the residual stream, normed for the next block (or the final norm).
             next_norm = self.layers[i + 1].attn_norm if i + 1 < len(self.layers) else self.norm
-            ops.linear_add_rmsnorm(ffn, layer.w_down, x, next_norm, eps, h)
+            self._residual_add(ffn, layer.w_down, layer.post_ffn_norm, next_norm, h)
         return h
+
+    def _qkv(self, h: Any, layer: DeviceLayer, spec: AttentionSpec, qkv: Any) -> None:
+        """The q, k, v rows of the normed input ``h``, with the family's bias and q/k norm."""
+        ops, n = self.rt.ops, h.shape[0]
+        steps = [s for s in ("bias", "norm") if (layer.b_qkv if s == "bias" else layer.q_norm) is not None]
+        if not steps:
+            ops.qkv_proj(h, layer.w_qkv, qkv)
+            return
+        # Each step writes the other buffer (an op's output never overlaps its input); the last writes qkv.
+        buffers = [self._rows("qkv_in", 0, n), qkv] if len(steps) % 2 else [qkv, self._rows("qkv_in", 0, n)]
+        ops.qkv_proj(h, layer.w_qkv, buffers[0])
+        for step, src, dst in zip(steps, buffers, (buffers[1], buffers[0]), strict=False):
+            if step == "bias":
+                ops.add_bias(src, layer.b_qkv, dst)
+            else:
+                ops.head_rmsnorm(src, layer.q_norm, layer.k_norm, self.config.norm_eps, spec, dst)
+
+    def _residual_add(self, x: Any, w: Any, post_norm: Any, next_norm: Any, h: Any) -> None:
+        """residual += x @ w.T (normed by ``post_norm`` first, where the family has one); h = the normed residual."""
+        ops, eps, n = self.rt.ops, self.config.norm_eps, x.shape[0]
+        residual = self._rows("x", 0, n)
+        if post_norm is None:
+            ops.linear_add_rmsnorm(x, w, residual, next_norm, eps, h)
+            return
+        y, y_normed = self._rows("y", 0, n), self._rows("y_normed", 0, n)
+        ops.linear(x, w, y)
+        ops.rmsnorm(y, post_norm, eps, y_normed)
+        ops.add_rmsnorm(y_normed, residual, next_norm, eps, h)
+
+    def _project(self, h: Any, out: Any) -> None:
+        """The output logits of hidden rows ``h`` into ``out``, soft-capped where the family caps them."""
+        ops, cap = self.rt.ops, self.config.final_softcap
+        if cap is None:
+            ops.logits(h, self.output, out)
+            return
+        raw = self.rt.scratch("uncapped_logits", out.shape)
+        ops.logits(h, self.output, raw)
+        ops.softcap(raw, cap, out)
 
     def _logits(self, hidden_rows: Any, n: int) -> np.ndarray:
         out = self._rows("logits", 0, n)
-        self.rt.ops.logits(hidden_rows, self.output, out)
+        self._project(hidden_rows, out)
         return self.rt.to_numpy(out)
 
     def prefill(self, tokens: Sequence[int], slot: int = 0, start: int = 0, all_logits: bool = False) -> np.ndarray:
@@ -206,7 +301,8 @@ class LlamaModel:
 
         def queue_step() -> None:
             def attend(qkv: Any, layer: int, out: Any) -> None:
-                ops.attention_prefill(qkv, self.cache, layer, slot, pos, self.rope, self.attention, out)
+                rope, spec = self.layer_ropes[layer], self.layer_specs[layer]
+                ops.attention_prefill(qkv, self.cache, layer, slot, pos, rope, spec, out)
 
             self._forward(rows, attend)
 
@@ -216,7 +312,7 @@ class LlamaModel:
 
     def _all_logits(self, h: Any, n: int) -> np.ndarray:
         out = self.rt.scratch("all_logits", (n, self.config.vocab_size))
-        self.rt.ops.logits(h, self.output, out)
+        self._project(h, out)
         return self.rt.to_numpy(out)
 
     @property
@@ -321,14 +417,15 @@ class LlamaModel:
         def queue_step() -> None:
             def attend(qkv: Any, layer: int, out: Any) -> None:
                 if prompt_rows is None:
-                    ops.attention_decode(qkv, self.cache, layer, slots_arr, pos_arr, self.rope, self.attention, out)
+                    rope, spec = self.layer_ropes[layer], self.layer_specs[layer]
+                    ops.attention_decode(qkv, self.cache, layer, slots_arr, pos_arr, rope, spec, out)
                 else:  # rows n.. are the prompt chunk's
-                    cache, rope, spec = self.cache, self.rope, self.attention
+                    cache, rope, spec = self.cache, self.layer_ropes[layer], self.layer_specs[layer]
                     ops.attention_mixed(
                         qkv, cache, layer, slots_arr, pos_arr, prompt_slot, prompt_start, rope, spec, out
                     )
 
-            ops.logits(self._forward(inputs["ids"], attend), self.output, logits)
+            self._project(self._forward(inputs["ids"], attend), logits)
             if on_device and pick == "argmax":
                 ops.argmax(logits, result)
             elif on_device:

@@ -18,6 +18,17 @@ Primitive ops (a backend must implement these):
   attention_decode(qkv (B, qkv_dim), cache, layer, slots (B,), positions (B,), rope, spec, out (B, q_dim))
   attention_prefill(qkv (T, qkv_dim), cache, layer, slot, start, rope, spec, out (T, q_dim))
 
+Ops of the families beyond Llama (generic versions below go through the host, so they work on every backend;
+a backend implements them to keep the work on its device):
+  add_bias(x (n, m), bias (m,), out (n, m))             out = x + bias
+  head_rmsnorm(qkv (n, qkv_dim), q_weight (hd,), k_weight (hd,), eps, spec, out)   q and k heads RMS-normed, v copied
+  gelu_mul(gate_up (n, 2f), out (n, f))                 out = gelu_tanh(gate_up[:, :f]) * gate_up[:, f:]
+  scale(x, factor, out)                                 out = x * factor
+  softcap(x, cap, out)                                  out = cap * tanh(x / cap)
+  gate_up_gelu(x, w_gate_up, out)                       the GeGLU MLP's first half (composite)
+Attention features (AttentionSpec.window, .softcap, .scale): an attention op declares the ones it implements in
+its ``perfx_features`` attribute (OpTable.features); a model that needs one its backend lacks is refused at load.
+
 Composite ops (generic versions below work on every backend; a backend may fuse them):
   linear, qkv_proj, gate_up_silu, logits,
   linear_add_rmsnorm(x, w, residual, weight, eps, out)  residual += x @ w.T (in place); out = rmsnorm(residual)
@@ -57,7 +68,9 @@ COMPOSITE_OPS = (
     "argmax",
     "sample",
 )
-OP_NAMES = PRIMITIVE_OPS + COMPOSITE_OPS
+FAMILY_OPS = ("add_bias", "head_rmsnorm", "gelu_mul", "scale", "softcap", "gate_up_gelu")
+OP_NAMES = PRIMITIVE_OPS + COMPOSITE_OPS + FAMILY_OPS
+ATTENTION_FEATURES = ("window", "softcap", "scale")
 
 GENERIC_PRIORITY = -100  # generic composites lose to anything a backend or plugin registers
 
@@ -144,7 +157,50 @@ def generic_sample(rt, logits, rows, out) -> None:
     rt.write(out, np.array([engine_draw(host[i], rows[i]) for i in range(host.shape[0])], dtype=np.int32))
 
 
+def _through_host(rt, out, fn, *arrays) -> None:
+    """out = fn(*host copies of arrays), written back: the portable, slow way (a device round trip per call)."""
+    rt.write(out, np.asarray(fn(*(rt.to_numpy(a) for a in arrays)), dtype=np.float32))
+
+
+def generic_add_bias(rt, x, bias, out) -> None:
+    _through_host(rt, out, lambda a, b: a + b, x, bias)
+
+
+def generic_head_rmsnorm(rt, qkv, q_weight, k_weight, eps, spec, out) -> None:
+    from .reference import head_rmsnorm
+
+    _through_host(rt, out, lambda a, qw, kw: head_rmsnorm(a, qw, kw, eps, spec), qkv, q_weight, k_weight)
+
+
+def generic_gelu_mul(rt, gate_up, out) -> None:
+    from .reference import gelu_mul
+
+    _through_host(rt, out, gelu_mul, gate_up)
+
+
+def generic_scale(rt, x, factor, out) -> None:
+    _through_host(rt, out, lambda a: a * np.float32(factor), x)
+
+
+def generic_softcap(rt, x, cap, out) -> None:
+    _through_host(rt, out, lambda a: np.float32(cap) * np.tanh(a / np.float32(cap)), x)
+
+
+def generic_gate_up_gelu(rt, x, w_gate_up, out) -> None:
+    """out (n, f) = gelu_tanh(x @ w_gate.T) * (x @ w_up.T), with w_gate_up = [w_gate; w_up] of shape (2f, d)."""
+    n, f = out.shape
+    gate_up = rt.scratch("gate_up_gelu", (n, 2 * f))
+    rt.ops.linear(x, w_gate_up, gate_up)
+    rt.ops.gelu_mul(gate_up, out)
+
+
 GENERIC_OPS: dict[str, Callable[..., None]] = {
+    "add_bias": generic_add_bias,
+    "head_rmsnorm": generic_head_rmsnorm,
+    "gelu_mul": generic_gelu_mul,
+    "scale": generic_scale,
+    "softcap": generic_softcap,
+    "gate_up_gelu": generic_gate_up_gelu,
     "linear": generic_linear,
     "qkv_proj": generic_qkv_proj,
     "gate_up_silu": generic_gate_up_silu,
@@ -188,6 +244,10 @@ class OpTable:
     def _bind(self) -> None:
         for name, fn in self._functions.items():
             setattr(self, name, self._timed(name, fn) if self.profile else _bound(fn, self._runtime))
+
+    def features(self, name: str) -> frozenset[str]:
+        """The attention features (ATTENTION_FEATURES) the chosen implementation of op ``name`` declares."""
+        return frozenset(getattr(self._functions[name], "perfx_features", ()))
 
     def start_profiling(self) -> OpProfile:
         self.profile = OpProfile()

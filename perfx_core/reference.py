@@ -80,6 +80,38 @@ def gate_up_silu(x: np.ndarray, w_gate_up: Weight) -> np.ndarray:
     return silu_mul(matmul(x, w_gate_up))
 
 
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU with the tanh approximation (PyTorch's approximate="tanh", Gemma's gelu_pytorch_tanh)."""
+    x = np.asarray(x, dtype=np.float64)
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+
+
+def gelu_mul(gate_up: np.ndarray) -> np.ndarray:
+    """(n, f) = gelu_tanh(gate_up[:, :f]) * gate_up[:, f:]."""
+    f = gate_up.shape[-1] // 2
+    gate_up = np.asarray(gate_up, dtype=np.float64)
+    return gelu_tanh(gate_up[:, :f]) * gate_up[:, f:]
+
+
+def add_bias(x: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    return np.asarray(x, dtype=np.float64) + np.asarray(bias, dtype=np.float64)
+
+
+def head_rmsnorm(
+    qkv: np.ndarray, q_weight: np.ndarray, k_weight: np.ndarray, eps: float, spec: AttentionSpec
+) -> np.ndarray:
+    """qkv rows with every q head normed by q_weight and every k head by k_weight (head_dim,); v unchanged."""
+    qkv = np.asarray(qkv, dtype=np.float64)
+    t, hd = qkv.shape[0], spec.head_dim
+    q = rmsnorm(qkv[:, : spec.q_dim].reshape(t, spec.n_heads, hd), q_weight, eps).reshape(t, -1)
+    k = rmsnorm(qkv[:, spec.q_dim : spec.q_dim + spec.kv_dim].reshape(t, spec.n_kv_heads, hd), k_weight, eps)
+    return np.concatenate([q, k.reshape(t, -1), qkv[:, spec.q_dim + spec.kv_dim :]], axis=1)
+
+
+def softcap(x: np.ndarray, cap: float) -> np.ndarray:
+    return cap * np.tanh(np.asarray(x, dtype=np.float64) / cap)
+
+
 def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     """Rotate-half RoPE of x (..., T, head_dim) with cos/sin (T, head_dim // 2) of the tokens' positions.
 
@@ -103,18 +135,32 @@ def split_qkv(qkv: np.ndarray, spec: AttentionSpec) -> tuple[np.ndarray, np.ndar
     return q, k, v
 
 
-def causal_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, first_position: int) -> np.ndarray:
+def causal_attention(
+    q: np.ndarray,
+    keys: np.ndarray,
+    values: np.ndarray,
+    first_position: int,
+    spec: AttentionSpec | None = None,
+) -> np.ndarray:
     """Softmax attention of q (n_heads, T, hd) at positions first_position.. over keys/values (n_kv, S, hd).
 
-    Query t sees key positions 0..first_position + t. Query head h reads kv head h // (n_heads / n_kv)
-    (each kv head serves a run of consecutive query heads, as Hugging Face's repeat_kv). Scale 1/sqrt(hd).
+    Query t sees key positions 0..first_position + t (with ``spec.window`` W, only the last W of them). Query
+    head h reads kv head h // (n_heads / n_kv) (each kv head serves a run of consecutive query heads, as Hugging
+    Face's repeat_kv). Scores are q.k times ``spec.score_scale`` (1/sqrt(hd) by default), then soft-capped to
+    softcap * tanh(s / softcap) with ``spec.softcap``.
     """
     n_heads, t, hd = q.shape
     n_kv, seq_len, _ = keys.shape
     group = n_heads // n_kv
     kv_of_head = np.arange(n_heads) // group
-    scores = np.einsum("htd,hsd->hts", q, keys[kv_of_head]) / np.sqrt(hd)
-    visible = np.arange(seq_len)[None, :] <= first_position + np.arange(t)[:, None]
+    scale = spec.score_scale if spec is not None else 1.0 / np.sqrt(hd)
+    scores = np.einsum("htd,hsd->hts", q, keys[kv_of_head]) * scale
+    if spec is not None and spec.softcap is not None:
+        scores = spec.softcap * np.tanh(scores / spec.softcap)
+    query_pos = first_position + np.arange(t)[:, None]
+    visible = np.arange(seq_len)[None, :] <= query_pos
+    if spec is not None and spec.window is not None:
+        visible &= np.arange(seq_len)[None, :] > query_pos - spec.window
     scores = np.where(visible, scores, -np.inf)
     scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
     scores /= scores.sum(axis=-1, keepdims=True)
@@ -146,7 +192,7 @@ def attention_prefill(
     v_cache[layer, slot, :, start:end] = v
     keys = k_cache[layer, slot, :, :end].astype(np.float64)
     values = v_cache[layer, slot, :, :end].astype(np.float64)
-    mixed = causal_attention(rope(q, cos[start:end], sin[start:end]), keys, values, start)
+    mixed = causal_attention(rope(q, cos[start:end], sin[start:end]), keys, values, start, spec)
     return mixed.transpose(1, 0, 2).reshape(t, spec.q_dim), k_cache, v_cache
 
 

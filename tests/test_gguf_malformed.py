@@ -244,7 +244,7 @@ WRITTEN_CASES: dict[str, tuple[dict, str, str]] = {
     ),
     "unexpected-tensor": (
         {"extra_tensors": {"blk.0.attn_q.bias": np.zeros(64, np.float32)}},
-        "tensors a Llama model does not use: blk.0.attn_q.bias",
+        "tensors a llama model as its metadata describes does not use: blk.0.attn_q.bias",
         "load",
     ),
     "heads-not-multiple-of-kv-heads": (

@@ -59,6 +59,39 @@ def silu_mul(rt, gate_up, out):
     out *= gate_up[:, f:]
 
 
+def gelu_mul(rt, gate_up, out):
+    f = out.shape[-1]
+    g = gate_up[:, :f]
+    np.multiply(
+        g, 0.5 * (1.0 + np.tanh(np.float32(0.7978845608028654) * (g + np.float32(0.044715) * g * g * g))), out=out
+    )
+    out *= gate_up[:, f:]
+
+
+def add_bias(rt, x, bias, out):
+    np.add(x, bias, out=out)
+
+
+def head_rmsnorm(rt, qkv, q_weight, k_weight, eps, spec, out):
+    t, hd = qkv.shape[0], spec.head_dim
+    q_end, k_end = spec.q_dim, spec.q_dim + spec.kv_dim
+    for lo, hi, heads, weight in ((0, q_end, spec.n_heads, q_weight), (q_end, k_end, spec.n_kv_heads, k_weight)):
+        x = qkv[:, lo:hi].reshape(t, heads, hd)
+        rmsnorm(rt, x, weight, eps, out[:, lo:hi].reshape(t, heads, hd))
+    out[:, k_end:] = qkv[:, k_end:]
+
+
+def scale(rt, x, factor, out):
+    np.multiply(x, np.float32(factor), out=out)
+
+
+def softcap(rt, x, cap, out):
+    np.multiply(np.tanh(x / np.float32(cap)), np.float32(cap), out=out)
+
+
+FAMILY_OPS = ("add_bias", "head_rmsnorm", "gelu_mul", "scale", "softcap")
+
+
 def _rope(x, cos, sin):
     """Rotate-half RoPE on x (..., tokens, head_dim) with cos/sin (tokens, head_dim // 2)."""
     half = x.shape[-1] // 2
@@ -82,11 +115,17 @@ def _attend(q, keys, values, spec, start):
     group = spec.n_heads // n_kv
     t = q.shape[1]
     q = q.reshape(n_kv, group * t, hd)
-    scores = np.matmul(q, keys.transpose(0, 2, 1).astype(np.float32, copy=False)) * np.float32(1.0 / np.sqrt(hd))
+    scores = np.matmul(q, keys.transpose(0, 2, 1).astype(np.float32, copy=False)) * np.float32(spec.score_scale)
     scores = scores.reshape(n_kv, group, t, seq_len)
-    if t > 1:
-        query_pos = start + np.arange(t)[:, None]
-        scores[..., np.arange(seq_len)[None, :] > query_pos] = -np.inf
+    if spec.softcap is not None:
+        cap = np.float32(spec.softcap)
+        scores = np.tanh(scores / cap) * cap
+    query_pos = start + np.arange(t)[:, None]
+    hidden = np.arange(seq_len)[None, :] > query_pos
+    if spec.window is not None:
+        hidden |= np.arange(seq_len)[None, :] <= query_pos - spec.window
+    if t > 1 or spec.window is not None:
+        scores[..., hidden] = -np.inf
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
     scores /= scores.sum(axis=-1, keepdims=True)
@@ -114,3 +153,8 @@ def attention_prefill(rt, qkv, cache, layer, slot, start, rope, spec, out):
     cache.v[layer, slot, :, start:end] = v
     mixed = _attend(_rope(q, cos, sin), cache.k[layer, slot, :, :end], cache.v[layer, slot, :, :end], spec, start)
     out[...] = mixed.transpose(1, 0, 2).reshape(t, spec.q_dim)
+
+
+# The attention ops implement every optional feature of AttentionSpec.
+for _op in (attention_decode, attention_prefill):
+    _op.perfx_features = ("window", "softcap", "scale")

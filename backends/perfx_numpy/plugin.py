@@ -16,5 +16,5 @@ def perfx_register_backends(register):
 
 @hookimpl(trylast=True)
 def perfx_register_ops(register):
-    for name in PRIMITIVE_OPS:  # the NumPy backend implements every primitive op
+    for name in PRIMITIVE_OPS + ops.FAMILY_OPS:  # the NumPy backend implements every primitive op
         register("numpy", name, getattr(ops, name), priority=0)

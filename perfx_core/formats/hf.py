@@ -13,12 +13,15 @@ from typing import Any
 
 import numpy as np
 
+from ..architectures import Family, family_for_hf, family_named
+from ..architectures.base import OPTIONAL_TENSORS, expected_shapes, optional_tensors
 from ..config import ConfigCheck, LayerWeights, LlamaConfig, LlamaWeights, config_from_values, show
 from ..errors import ModelFormatError, PerfxError
 from ..weights import SUPPORTED_GROUP_SIZES, DenseWeight, Weight, quantize_rtn
 from .safetensors_io import SafetensorsFile, bf16_to_f32
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral")
+# config.json activation names -> perfx's (transformers' gelu_pytorch_tanh is the tanh approximation)
+HF_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 FLOAT_DTYPES = ("F32", "F16", "BF16")
 
 # perfx's names for one block's tensors -> the Hugging Face module path under model.layers.{i}.
@@ -80,29 +83,37 @@ _SCALING_KEYS = {
 def config_from_hf(raw: dict[str, Any], where: str) -> LlamaConfig:
     """LlamaConfig from the ``config.json`` dict of directory ``where``; ModelFormatError for other architectures."""
     file = str(Path(where) / "config.json")
-    model_type = raw.get("model_type")
-    archs = raw.get("architectures")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        listed = ", ".join(map(show, archs)) if isinstance(archs, list) and archs else "no architectures"
+    family = family_for_hf(raw.get("model_type"), file, raw.get("architectures"))
+    if family.name not in ("qwen2", "qwen3") and raw.get("attention_bias") or raw.get("mlp_bias"):
         raise ModelFormatError(
-            f"{file}: model_type {show(model_type)} ({listed}) is not a Llama-family model; "
-            f"perfx converts {', '.join(SUPPORTED_MODEL_TYPES)} checkpoints"
+            f"{file}: biases on the attention output or the MLP are not supported ({family.name}); perfx runs "
+            "biases on the q, k and v projections only (Qwen2)"
         )
-    if raw.get("attention_bias") or raw.get("mlp_bias"):
-        raise ModelFormatError(f"{file}: attention/MLP biases are not supported; use a plain Llama checkpoint")
-    if model_type == "mistral" and raw.get("sliding_window") not in (None, 0):
-        raise ModelFormatError(f"{file}: sliding-window attention is not supported; use a model without it")
-    if raw.get("hidden_act", "silu") != "silu":
+    act_key = "hidden_activation" if raw.get("hidden_activation") is not None else "hidden_act"
+    activation = HF_ACTIVATIONS.get(raw.get(act_key, "silu"))
+    values = family.hf_values(raw)
+    if activation is None or activation != values.get("activation", "silu"):
         raise ModelFormatError(
-            f"{file}: activation {show(raw.get('hidden_act'))} is not supported (perfx runs SiLU); use a Llama model"
+            f"{file}: activation {show(raw.get(act_key))} ({act_key}) is not what perfx runs for {family.name} "
+            f"({values.get('activation', 'silu')}); the checkpoint does not match its model type"
         )
 
     names = dict(HF_KEYS)
-    values = {f: raw[k] for f, k in HF_KEYS.items() if k in raw}
-    # transformers >= 5 moves theta and scaling into rope_parameters.
+    values.update({f: raw[k] for f, k in HF_KEYS.items() if k in raw})
+    values["arch"] = family.name
+    # transformers >= 5 moves theta and scaling into rope_parameters, per layer type where they differ (Gemma 3).
     params = raw.get("rope_parameters")
+    if isinstance(params, dict) and isinstance(params.get("full_attention"), dict):
+        local = params.get("sliding_attention")
+        if isinstance(local, dict) and "rope_theta" in local:
+            values["rope_local_theta"] = local["rope_theta"]
+            names["rope_local_theta"] = "rope_parameters.sliding_attention.rope_theta"
+        params = params["full_attention"]
+        names.update({"rope_theta": "rope_parameters.full_attention.rope_theta"})
     if isinstance(params, dict) and "rope_theta" not in raw and "rope_theta" in params:
-        values["rope_theta"], names["rope_theta"] = params["rope_theta"], "rope_parameters.rope_theta"
+        values["rope_theta"] = params["rope_theta"]
+        if names["rope_theta"] == "rope_theta":  # (not already the per-layer-type key)
+            names["rope_theta"] = "rope_parameters.rope_theta"
     for f, default in _HF_DEFAULTS.items():
         values.setdefault(f, default)
     scaling_key, scaling = "rope_scaling", raw.get("rope_scaling")
@@ -130,20 +141,7 @@ def _llama3_scaling(scaling: Any, key: str, check: ConfigCheck) -> Any:
     return {f: scaling[k] for f, k in _SCALING_KEYS.items() if k in scaling}
 
 
-def expected_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
-    """perfx name -> shape of one block's tensors."""
-    d, f = config.dim, config.ffn_dim
-    return {
-        "attn_norm": (d,),
-        "wq": (config.q_dim, d),
-        "wk": (config.kv_dim, d),
-        "wv": (config.kv_dim, d),
-        "wo": (d, config.q_dim),
-        "ffn_norm": (d,),
-        "w_gate": (f, d),
-        "w_up": (f, d),
-        "w_down": (d, f),
-    }
+NORMS = ("attn_norm", "ffn_norm", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")
 
 
 class HFCheckpoint:
@@ -179,11 +177,15 @@ class HFCheckpoint:
                 f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; the download is incomplete"
             )
         self._files: dict[str, SafetensorsFile] = {}
-        biases = [k for k in self._where if k.startswith("model.layers.") and k.endswith(".bias")]
-        if biases:
+
+    def check_block_tensors(self, expected: set[str], family: str) -> None:
+        """Every block tensor of the checkpoint must be one perfx uses: an unused one (a bias, a norm) would be
+        ignored and the outputs silently wrong."""
+        unused = sorted(k for k in self._where if k.startswith("model.layers.") and k not in expected)
+        if unused:
             raise ModelFormatError(
-                f"{self.dir} has bias tensors ({biases[0]}, ...), which perfx's Llama does not use; "
-                "it would compute wrong outputs. Use a plain Llama checkpoint"
+                f"{self.dir} has tensors a {family} model as its config.json describes does not use: "
+                f"{', '.join(unused[:4])}{' ...' if len(unused) > 4 else ''}; the config and the tensors disagree"
             )
 
     def __contains__(self, name: str) -> bool:
@@ -284,24 +286,82 @@ def load_hf_directory(
         raise ModelFormatError(f"quantize={quantize!r} on load is not supported; use 'rtn' or run `perfx quantize`")
     ckpt = HFCheckpoint(directory)
     config = config_from_hf(ckpt.raw_config, str(ckpt.dir))
-    shapes = expected_shapes(config)
+    family = family_named(config.arch)
+    blocks = BlockTensors(ckpt, family, config)
+    ckpt.check_block_tensors({blocks.path(n, i) for i in range(config.n_layers) for n in blocks.names()}, family.name)
 
     def linear(name: str, layer: int) -> Weight:
-        shape = shapes[name]
         if quantize == "rtn":
-            return quantize_rtn(ckpt.float32(hf_name(name, layer), shape), pick_group_size(shape[1], group_size))
-        return ckpt.weight(hf_name(name, layer), shape)  # type: ignore[arg-type]
+            w = blocks.float32(name, layer)
+            return quantize_rtn(w, pick_group_size(w.shape[1], group_size))
+        return blocks.weight(name, layer)
 
     layers = []
     for i in range(config.n_layers):
-        parts: dict[str, Any] = {n: ckpt.float32(hf_name(n, i), shapes[n]) for n in ("attn_norm", "ffn_norm")}
+        parts: dict[str, Any] = {n: blocks.vector(n, i) for n in ("attn_norm", "ffn_norm", *optional_tensors(config))}
         parts.update({n: linear(n, i) for n in LINEARS})
         layers.append(LayerWeights(**parts))
     vocab = (config.vocab_size, config.dim)
     embedding = ckpt.weight(hf_name("token_embedding"), vocab)
     tied = config.tied_embeddings or hf_name("output") not in ckpt
     output = embedding if tied else ckpt.weight(hf_name("output"), vocab)
-    weights = LlamaWeights(embedding, layers, ckpt.float32(hf_name("norm"), (config.dim,)), output)
+    norm = ckpt.float32(hf_name("norm"), (config.dim,)) + np.float32(family.hf_norm_offset)
+    weights = LlamaWeights(embedding, layers, norm, output)
     if quantize == "rtn":
         weights.notes.append("linear layers were quantized to int4 on load (round-to-nearest)")
     return config, weights
+
+
+class BlockTensors:
+    """One family's block tensors in a checkpoint, by perfx name: norms with the family's offset applied, Phi-3's
+    fused projections split into perfx's parts (views: no copy)."""
+
+    FUSED = {
+        "wq": ("w_qkv", 0),
+        "wk": ("w_qkv", 1),
+        "wv": ("w_qkv", 2),
+        "w_gate": ("w_gate_up", 0),
+        "w_up": ("w_gate_up", 1),
+    }
+
+    def __init__(self, ckpt: HFCheckpoint, family: Family, config: LlamaConfig):
+        self.ckpt, self.family, self.config = ckpt, family, config
+        self.shapes = expected_shapes(config)
+        c = config
+        self._splits = {"w_qkv": (c.q_dim, c.kv_dim, c.kv_dim), "w_gate_up": (c.ffn_dim, c.ffn_dim)}
+
+    def names(self) -> list[str]:
+        """The checkpoint's tensor names for one block, as perfx (or the fused checkpoint) calls them."""
+        base = [n for n in self.shapes if n not in optional_tensors(self.config)]
+        if self.family.fused:
+            base = [n for n in base if n not in self.FUSED] + ["w_qkv", "w_gate_up"]
+        return base + optional_tensors(self.config)
+
+    def path(self, name: str, layer: int) -> str:
+        suffix = self.family.hf_tensors.get(name) or OPTIONAL_TENSORS[name][1]
+        return f"model.layers.{layer}.{suffix}"
+
+    def _rows(self, name: str, layer: int) -> tuple[str, tuple[int, int], slice | None]:
+        """(tensor to read, its shape, the rows of it that are ``name``)."""
+        if self.family.fused and name in self.FUSED:
+            fused, part = self.FUSED[name]
+            sizes = self._splits[fused]
+            start = sum(sizes[:part])
+            return self.path(fused, layer), (sum(sizes), self.config.dim), slice(start, start + sizes[part])
+        return self.path(name, layer), self.shapes[name], None  # type: ignore[return-value]
+
+    def weight(self, name: str, layer: int) -> DenseWeight:
+        path, shape, rows = self._rows(name, layer)
+        w = self.ckpt.weight(path, shape)
+        return w if rows is None else DenseWeight(w.data[rows])
+
+    def float32(self, name: str, layer: int) -> np.ndarray:
+        path, shape, rows = self._rows(name, layer)
+        data = self.ckpt.float32(path, shape)
+        return data if rows is None else np.ascontiguousarray(data[rows])
+
+    def vector(self, name: str, layer: int) -> np.ndarray:
+        data = self.ckpt.float32(self.path(name, layer), self.shapes[name])
+        if name in NORMS and self.family.hf_norm_offset:
+            data += np.float32(self.family.hf_norm_offset)  # stored as w - 1, applied as 1 + w
+        return data

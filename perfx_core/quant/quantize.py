@@ -28,6 +28,7 @@ from .sources import open_source
 from .staging import StagedDirectory, remove_stale
 
 METHODS = ("rtn", "awq")
+QUANTIZABLE_FAMILIES = ("llama", "mistral")
 
 
 @dataclass
@@ -75,6 +76,12 @@ def quantize(
 
     source = open_source(src)  # checks every tensor's name, dtype and shape before any work
     config = source.config
+    if config.arch not in QUANTIZABLE_FAMILIES:
+        raise InvalidArgumentError(
+            f"perfx quantize does not handle {config.arch} models yet (their extra tensors and AWQ's block forward "
+            f"are Llama's only); it quantizes {', '.join(QUANTIZABLE_FAMILIES)}. Load the {config.arch} GGUF or "
+            "Hugging Face directory directly instead"
+        )
     shapes = expected_shapes(config)
     group_sizes = {n: pick_group_size(shapes[n][1], group_size) for n in LINEARS}
     calibration = load_calibration(source.tokenizer(), calib, n_samples, seqlen) if method == "awq" else None

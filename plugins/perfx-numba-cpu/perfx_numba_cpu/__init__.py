@@ -258,8 +258,10 @@ def silu_mul(rt, gate_up, out) -> None:
 
 
 def attention_decode(rt, qkv, cache, layer, slots, positions, rope, spec, out) -> None:
-    if cache.k.dtype != np.float32 or qkv.dtype != np.float32:
-        from perfx_numpy import ops as numpy_ops  # float16 caches: the NumPy backend's version
+    # float16 caches and the features of the families beyond Llama (windows, soft-capping, a custom scale):
+    # the NumPy backend's version.
+    if cache.k.dtype != np.float32 or qkv.dtype != np.float32 or spec.features:
+        from perfx_numpy import ops as numpy_ops
 
         numpy_ops.attention_decode(rt, qkv, cache, layer, slots, positions, rope, spec, out)
         return
@@ -273,6 +275,8 @@ def attention_decode(rt, qkv, cache, layer, slots, positions, rope, spec, out) -
     work = len(slots) * spec.n_heads * (int(positions.max()) + 1) * spec.head_dim * 2
     _run(K.attention_decode, K.attention_decode_serial, work, *args)
 
+
+attention_decode.perfx_features = ("window", "softcap", "scale")  # by deferring to the NumPy backend
 
 OPS = {
     "int4_gemv": int4_gemv,
