@@ -58,6 +58,9 @@ class Family:
     # Config values beyond Llama's: from the GGUF metadata (given the architecture name), from config.json.
     gguf_values: Callable[[Mapping[str, Any], str], dict[str, Any]] = no_values
     hf_values: Callable[[Mapping[str, Any]], dict[str, Any]] = lambda raw: {}
+    # What it needs beyond Llama's ops (for `perfx backends --ops`): op names, and attention features.
+    extra_ops: tuple[str, ...] = ()
+    attention_features: tuple[str, ...] = ()
 
 
 def expected_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:

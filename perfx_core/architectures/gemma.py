@@ -98,9 +98,11 @@ def _gemma3_gguf(meta: Mapping[str, Any], arch: str) -> dict[str, Any]:
 
 GEMMA2 = Family(
     "gemma2", "gemma2", ("gemma2",), hf_norm_offset=1.0, hf_tensors=GEMMA_HF_TENSORS,
-    gguf_values=_gemma2_gguf, hf_values=_gemma2_hf,
+    gguf_values=_gemma2_gguf, hf_values=_gemma2_hf, extra_ops=("gelu_mul", "scale", "softcap"),
+    attention_features=("window", "softcap", "scale"),
 )  # fmt: skip
 GEMMA3 = Family(
     "gemma3", "gemma3", ("gemma3_text", "gemma3"), hf_norm_offset=1.0, hf_tensors=GEMMA_HF_TENSORS,
-    gguf_values=_gemma3_gguf, hf_values=_gemma3_hf,
+    gguf_values=_gemma3_gguf, hf_values=_gemma3_hf, extra_ops=("gelu_mul", "scale", "head_rmsnorm"),
+    attention_features=("window", "scale"),
 )  # fmt: skip

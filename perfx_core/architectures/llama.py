@@ -15,4 +15,6 @@ def _mistral_values(raw: dict[str, Any]) -> dict[str, Any]:
     return hf_sliding_window(raw, all_layers=True)
 
 
-MISTRAL = Family("mistral", None, ("mistral",), gguf_permuted_qk=True, hf_values=_mistral_values)
+MISTRAL = Family(
+    "mistral", None, ("mistral",), gguf_permuted_qk=True, hf_values=_mistral_values, attention_features=("window",)
+)

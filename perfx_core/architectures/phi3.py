@@ -28,5 +28,12 @@ def _phi3_gguf(meta: dict[str, Any], arch: str) -> dict[str, Any]:
 
 
 PHI3 = Family(
-    "phi3", "phi3", ("phi3",), fused=True, hf_tensors=PHI3_HF_TENSORS, gguf_values=_phi3_gguf, hf_values=_phi3_hf
+    "phi3",
+    "phi3",
+    ("phi3",),
+    fused=True,
+    hf_tensors=PHI3_HF_TENSORS,
+    gguf_values=_phi3_gguf,
+    hf_values=_phi3_hf,
+    attention_features=("window",),
 )

@@ -19,6 +19,9 @@ def _qwen3_hf(raw: dict[str, Any]) -> dict[str, Any]:
 
 QWEN2 = Family(
     "qwen2", "qwen2", ("qwen2",), hf_tensors=LLAMA_HF_TENSORS, gguf_values=lambda m, a: {"qkv_bias": True},
-    hf_values=_qwen2_hf,
+    hf_values=_qwen2_hf, extra_ops=("add_bias",),
 )  # fmt: skip
-QWEN3 = Family("qwen3", "qwen3", ("qwen3",), gguf_values=lambda m, a: {"qk_norm": True}, hf_values=_qwen3_hf)
+QWEN3 = Family(
+    "qwen3", "qwen3", ("qwen3",), gguf_values=lambda m, a: {"qk_norm": True}, hf_values=_qwen3_hf,
+    extra_ops=("head_rmsnorm",),
+)  # fmt: skip

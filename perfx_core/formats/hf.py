@@ -288,7 +288,8 @@ def load_hf_directory(
     config = config_from_hf(ckpt.raw_config, str(ckpt.dir))
     family = family_named(config.arch)
     blocks = BlockTensors(ckpt, family, config)
-    ckpt.check_block_tensors({blocks.path(n, i) for i in range(config.n_layers) for n in blocks.names()}, family.name)
+    expected = {blocks.path(n, i) for i in range(config.n_layers) for n in blocks.names()}
+    ckpt.check_block_tensors(expected, family.name)
 
     def linear(name: str, layer: int) -> Weight:
         if quantize == "rtn":
@@ -339,7 +340,13 @@ class BlockTensors:
 
     def path(self, name: str, layer: int) -> str:
         suffix = self.family.hf_tensors.get(name) or OPTIONAL_TENSORS[name][1]
-        return f"model.layers.{layer}.{suffix}"
+        path = f"model.layers.{layer}.{suffix}"
+        if path not in self.ckpt:
+            raise ModelFormatError(
+                f"{self.ckpt.dir} has no tensor {path!r}, which a {self.family.name} model as its config.json "
+                "describes has; the config and the tensors disagree (or the checkpoint is incomplete)"
+            )
+        return path
 
     def _rows(self, name: str, layer: int) -> tuple[str, tuple[int, int], slice | None]:
         """(tensor to read, its shape, the rows of it that are ``name``)."""
