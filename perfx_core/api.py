@@ -41,7 +41,7 @@ class Model:
         # Each generation holds a KV slot of its own and steps under one lock (perfx_core.slots): with n_slots > 1
         # that many generations can run from different threads; a new one from the same thread when every slot
         # is held ends that thread's previous one ("cancelled").
-        self._slots = SlotPool(model.n_slots)
+        self._slots = SlotPool(model.n_slots, model.slot_writes)
 
     @property
     def runtime(self):

@@ -111,6 +111,9 @@ class LlamaModel:
         # Recorded steps: decode by (batch size, signature, pick on device), mixed steps by (("mixed", batch size,
         # prompt rows), (decode signature, prompt signature), pick), prefill by ("prefill", length, signature).
         self._graphs: dict[Any, Any] = {}
+        # Steps that wrote each slot's cache so far: whoever remembers what a slot holds (prefix caching) can
+        # tell that another user of the engine has written it since.
+        self.slot_writes = [0] * n_slots
         self.recordings = 0  # graphs recorded so far (a recording step runs the ops' Python: slower than a replay)
         self._unread: QueuedRows | None = None  # the last queued decode step, until its rows are read
 
@@ -257,6 +260,7 @@ class LlamaModel:
         """
         ids = self._check_ids(tokens)
         self._check_slot(slot)
+        self.slot_writes[slot] += 1
         if len(ids) == 0:
             raise InvalidArgumentError("prefill needs at least one token")
         if start < 0 or start + len(ids) > self.max_seq_len:
@@ -369,12 +373,14 @@ class LlamaModel:
             raise InvalidArgumentError("decode got the same slot twice in one batch")
         for slot in slots_arr.tolist():
             self._check_slot(slot)
+            self.slot_writes[slot] += 1
         if pos_arr.min() < 0 or pos_arr.max() >= self.max_seq_len:
             raise ContextLengthError(int(pos_arr.max()) + 1, 0, self.max_seq_len)
         n = len(ids)
         if prompt is not None:
             prompt_ids, prompt_slot, prompt_start = self._check_ids(prompt[0]), int(prompt[1]), int(prompt[2])
             self._check_slot(prompt_slot)
+            self.slot_writes[prompt_slot] += 1
             if prompt_slot in slots_arr.tolist():
                 raise InvalidArgumentError(f"decode: the prompt's slot {prompt_slot} is also decoding in this step")
             room = self.mixed_prompt_room(n)

@@ -28,15 +28,23 @@ def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 class SlotPrefixes:
     """The tokens whose keys and values are valid at positions 0.. of each slot, and when it was last used."""
 
-    def __init__(self, n_slots: int):
+    def __init__(self, n_slots: int, writes: Sequence[int] | None = None):
         self.tokens: list[list[int]] = [[] for _ in range(n_slots)]
         self._used = [0] * n_slots
         self._clock = 0
+        # The engine's per-slot write counts (LlamaModel.slot_writes): a slot written by anyone since it was
+        # remembered holds something else now.
+        self._writes = writes
+        self._written_at = [0] * n_slots
 
     def choose(self, free: Sequence[int], prompt: Sequence[int]) -> tuple[int, int]:
         """(slot, tokens it already holds) for ``prompt`` among the ``free`` slots: the longest agreement, then
         the least recently used. At least the prompt's last token is left to compute: its logits are needed."""
         best, best_shared = None, -1
+        if self._writes is not None:
+            for slot in free:
+                if self._writes[slot] != self._written_at[slot]:
+                    self.tokens[slot] = []
         for slot in free:
             shared = min(shared_prefix(self.tokens[slot], prompt), len(prompt) - 1)
             if shared > best_shared or (shared == best_shared and self._used[slot] < self._used[best]):
@@ -52,6 +60,8 @@ class SlotPrefixes:
 
     def remember(self, slot: int, tokens: Sequence[int]) -> None:
         self.tokens[slot] = list(tokens)
+        if self._writes is not None:
+            self._written_at[slot] = self._writes[slot]
 
     def forget_all(self) -> None:
         """Every slot's content is unknown (e.g. after a warm-up wrote garbage)."""

@@ -21,12 +21,12 @@ if TYPE_CHECKING:
 
 
 class SlotPool:
-    def __init__(self, n_slots: int):
+    def __init__(self, n_slots: int, slot_writes: Sequence[int] | None = None):
         self.lock = threading.RLock()
         # Per slot: (weak reference to the generation, id of the thread that created it), or None when free.
         # Weak: a generation dropped without close() frees its slot once it is collected.
         self._holders: list[tuple[weakref.ref[Generation], int] | None] = [None] * n_slots
-        self.prefixes = SlotPrefixes(n_slots)  # what each slot's cache holds (prefix caching)
+        self.prefixes = SlotPrefixes(n_slots, slot_writes)  # what each slot's cache holds (prefix caching)
 
     def take(self, prompt: Sequence[int] = (), reuse: bool = True) -> tuple[int, int]:
         """(slot, prompt tokens its cache already holds) for ``prompt`` (call with ``lock`` held): the free slot

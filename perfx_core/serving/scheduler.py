@@ -167,7 +167,7 @@ class Scheduler:
         self._free_slots = list(range(self.n_slots))
         # Prompts start where a free slot's cache already agrees with them (perfx_core.prefix_cache).
         self.prefix_cache = prefix_cache
-        self._prefixes = SlotPrefixes(self.n_slots)
+        self._prefixes = SlotPrefixes(self.n_slots, getattr(engine, "slot_writes", None))
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="perfx-scheduler", daemon=True)
 
