@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 import perfx_core
@@ -25,3 +28,25 @@ def smollm2(smollm2_path):
     model = perfx_core.load(smollm2_path, backend="numpy", context_length=1024, n_slots=4)
     yield model
     model.close()
+
+
+# The long modules (OpenCL on PoCL, the real Gemma 3 file against transformers, lm-evaluation-harness against a
+# server) run when named on the command line or with PERFX_LONG_TESTS=1; CI runs them as a step of their own, so
+# the default run stays within minutes.
+LONG_MODULES = ("test_opencl.py", "test_gemma3_gguf.py", "test_lm_eval.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PERFX_LONG_TESTS") == "1":
+        return
+    named = {Path(str(arg).split("::")[0]).name for arg in config.args}
+    long = [item for item in items if item.path.name in LONG_MODULES and item.path.name not in named]
+    if long:
+        config.hook.pytest_deselected(items=long)
+        items[:] = [item for item in items if item not in long]
+
+
+def pytest_report_header(config):
+    if os.environ.get("PERFX_LONG_TESTS") != "1":
+        return f"long modules left out unless named or PERFX_LONG_TESTS=1: {', '.join(LONG_MODULES)}"
+    return None
