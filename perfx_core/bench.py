@@ -62,6 +62,7 @@ def run_bench(
     repeat: int = 3,
     profile: bool = False,
     seed: int = 0,
+    kv_dtype: str | None = None,
 ) -> dict[str, Any]:
     """Load the model, warm up, then time ``repeat`` runs; returns a JSON-ready dict (medians and each run)."""
     from .api import load
@@ -70,7 +71,9 @@ def run_bench(
         if not isinstance(value, int) or value < low:
             raise InvalidArgumentError(f"{name} must be an integer >= {low}; got {value!r}")
     load_start = time.perf_counter()
-    model = load(model_path, backend=backend, device=device, context_length=prompt_tokens + gen_tokens)
+    model = load(
+        model_path, backend=backend, device=device, context_length=prompt_tokens + gen_tokens, kv_dtype=kv_dtype
+    )
     load_s = time.perf_counter() - load_start
     try:
         engine = model.engine
@@ -80,6 +83,7 @@ def run_bench(
         warm_start = time.perf_counter()
         _timed_run(engine, prompt[: min(prompt_tokens, 16)], 3, profile=False)
         warmup_s = time.perf_counter() - warm_start
+        load_stats = dict(getattr(engine.rt, "load_stats", {}))  # the backend's share of load_s and warmup_s
         runs = [_timed_run(engine, prompt, gen_tokens, profile) for _ in range(repeat)]
 
         def median(key: str) -> float | None:
@@ -96,7 +100,11 @@ def run_bench(
             "prompt_tokens": prompt_tokens,
             "gen_tokens": gen_tokens,
             "repeat": repeat,
+            "kv_dtype": engine.cache_spec.dtype,
             "load_s": load_s,
+            # e.g. OpenCL: programs built or read from its program cache, seconds placing weights; the rest of
+            # load_s is opening the device and reading and converting the model file.
+            "backend_load_stats": load_stats,
             "warmup_s": warmup_s,
             "prefill_tokens_per_s": median("prefill_tokens_per_s"),
             "decode_tokens_per_s": median("decode_tokens_per_s"),

@@ -20,6 +20,7 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", "-b", default="numpy", help="backend name (see `perfx backends`)")
     parser.add_argument("--device", "-d", help="device index or name (default: the backend's best)")
     parser.add_argument("--context", type=int, help="KV-cache length in tokens (default: min(model, 4096))")
+    parser.add_argument("--kv-dtype", choices=("float16", "float32"), help="KV-cache dtype (default: the backend's)")
 
 
 def _sampling_options(parser: argparse.ArgumentParser, temperature: float) -> None:
@@ -42,7 +43,13 @@ def _load(args: argparse.Namespace):
     from .api import load
     from .settings import remember_model
 
-    model = load(args.model, backend=args.backend, device=_device_arg(args.device), context_length=args.context)
+    model = load(
+        args.model,
+        backend=args.backend,
+        device=_device_arg(args.device),
+        context_length=args.context,
+        kv_dtype=args.kv_dtype,
+    )
     try:
         remember_model(model.path)
     except OSError:  # a read-only config directory must not stop a run: the recent list is a convenience
@@ -142,11 +149,32 @@ def cmd_backends(args: argparse.Namespace) -> int:
             print(f"  unavailable: {type(exc).__name__}: {exc}")
         if args.ops:
             try:
-                for op, impl in registry.resolve(name).items():
+                chosen = registry.resolve(name)
+                for op, impl in chosen.items():
                     print(f"    {op:18s} {impl.source}")
+                _print_family_needs(chosen)
             except PerfxError as exc:
                 print(f"    ops incomplete: {exc}")
     return 0
+
+
+def _print_family_needs(chosen: dict) -> None:
+    """Which model family needs which op beyond Llama's, and whether this backend has it on its device."""
+    from .architectures import FAMILIES
+
+    print("    families beyond Llama need:")
+    for family in FAMILIES:
+        needs = [
+            f"{op} ({'through the host' if chosen[op].source.startswith('perfx_core:') else 'native'})"
+            for op in family.extra_ops
+        ]
+        for op in ("attention_decode", "attention_prefill"):
+            declared = set(getattr(chosen[op].function, "perfx_features", ()))
+            lacking = [f for f in family.attention_features if f not in declared]
+            if lacking:
+                needs.append(f"{op} without {'/'.join(lacking)} (refused where the model needs it)")
+        if needs:
+            print(f"      {family.name:8s} {', '.join(needs)}")
 
 
 def cmd_check_backend(args: argparse.Namespace) -> int:
@@ -169,6 +197,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         gen_tokens=args.gen_tokens,
         repeat=args.repeat,
         profile=args.profile,
+        kv_dtype=args.kv_dtype,
     )
     print(json.dumps(report, indent=2))
     return 0

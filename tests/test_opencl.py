@@ -6,6 +6,7 @@ the reason otherwise.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import importlib.metadata
 import subprocess
@@ -109,6 +110,61 @@ def test_kernel_build_failure_raises_backend_error_with_log(registry):
         rt.close()
 
 
+def test_built_programs_are_cached_on_disk_and_a_bad_entry_is_rebuilt(registry, tmp_path, monkeypatch):
+    from perfx_opencl import program_cache
+
+    source = f"__kernel void twice(__global float* x) {{ x[get_global_id(0)] *= 2.0f; }} // {tmp_path}\n"
+    rt = registry.open_runtime("opencl")
+    try:
+        path = program_cache.entry_path(rt, source, ("-DX=1",))
+        assert not path.exists() and str(path).startswith(str(tmp_path))  # conftest: PERFX_CACHE_DIR in tmp_path
+        rt.build(source, ("-DX=1",), label="twice.cl")
+        assert path.stat().st_size > 0 and rt.load_stats["programs_built"] >= 1
+
+        def run_from_a_new_process_state(expect_cached: bool) -> None:
+            rt._state.programs.clear()  # as a new process would start
+            hits = rt.load_stats["programs_from_cache"]
+            program = rt.build(source, ("-DX=1",), label="twice.cl")
+            assert rt.load_stats["programs_from_cache"] == hits + expect_cached
+            x = rt.from_numpy(np.arange(4, dtype=np.float32))
+            program.twice(rt.queue, (4,), None, x.buffer)
+            assert rt.to_numpy(x).tolist() == [0.0, 2.0, 4.0, 6.0]
+
+        run_from_a_new_process_state(expect_cached=True)
+        path.write_bytes(b"not a program binary")
+        run_from_a_new_process_state(expect_cached=False)  # refused, rebuilt from source and stored again
+        assert path.read_bytes() != b"not a program binary"
+        monkeypatch.setenv("PERFX_OPENCL_PROGRAM_CACHE", "0")
+        path.unlink()
+        run_from_a_new_process_state(expect_cached=False)
+        assert not path.exists()
+    finally:
+        rt.close()
+
+
+def test_int4_weights_are_repacked_on_the_device_into_the_chunk_major_layout(registry):
+    from perfx_core.weights import Int4Weight
+
+    rng = np.random.default_rng(0)
+    m, k, group = 5, 128, 64
+    weight = Int4Weight(
+        rng.integers(0, 256, (m, k // 2), dtype=np.uint8),
+        rng.standard_normal((m, k // group)).astype(np.float16),
+        rng.standard_normal((m, k // group)).astype(np.float32),
+        group,
+    )
+    rt = registry.open_runtime("opencl")
+    try:
+        handle = rt.prepare_weight(weight)
+        chunks = weight.packed.reshape(m, k // 32, 16).transpose(1, 0, 2)
+        np.testing.assert_array_equal(rt.to_numpy(handle.packed), chunks)
+        np.testing.assert_array_equal(rt.to_numpy(handle.scale), weight.scale.T)
+        np.testing.assert_array_equal(rt.to_numpy(handle.bias), weight.bias.T)
+        assert rt.load_stats["weights_s"] > 0
+    finally:
+        rt.close()
+
+
 def test_views_share_storage_and_are_bounds_checked(registry):
     rt = registry.open_runtime("opencl")
     try:
@@ -143,11 +199,29 @@ def test_allocated_bytes_follow_the_model(registry, smollm2_path):
         rt.close()
 
 
-@pytest.mark.slow
-def test_smollm2_greedy_tokens_and_logits_match_numpy(registry, smollm2):
-    model = perfx_core.load(backend="opencl", context_length=256)
+def test_kv_cache_is_float16_by_default_on_gpus(registry, smollm2_path):
+    from perfx_core.gguf_loader import load_llama_gguf
+    from perfx_core.model import LlamaModel
+
+    config, weights, _ = load_llama_gguf(smollm2_path)
+    rt = registry.open_runtime("opencl")
     try:
-        assert model.backend == "opencl"
+        assert rt.default_kv_dtype == ("float16" if rt.device.kind == "gpu" else "float32")
+        rt.device = dataclasses.replace(rt.device, kind="gpu")  # as a GPU reports itself
+        assert LlamaModel(config, weights, rt, max_seq_len=32, prefill_chunk=16).cache.k.dtype == np.float16
+        chosen = LlamaModel(config, weights, rt, max_seq_len=32, prefill_chunk=16, kv_dtype="float32")
+        assert chosen.cache.k.dtype == np.float32  # float32 stays selectable
+    finally:
+        rt.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kv_dtype", ["float32", "float16"])
+def test_smollm2_greedy_tokens_and_logits_match_numpy(registry, smollm2, kv_dtype):
+    """Against the float32 NumPy reference, with either KV-cache dtype (float16 is the default on GPUs)."""
+    model = perfx_core.load(backend="opencl", context_length=256, kv_dtype=kv_dtype)
+    try:
+        assert model.backend == "opencl" and model.engine.cache_spec.dtype == kv_dtype
         ours = model.generate(PROMPT, max_tokens=64, temperature=0, ignore_eos=True)
         ours.run()
         ref = smollm2.generate(PROMPT, max_tokens=64, temperature=0, ignore_eos=True)
@@ -832,6 +906,63 @@ def test_tiled_prefill_attention_with_small_tiles_conforms(registry, monkeypatch
     monkeypatch.setattr(ops, "_prefill_tile", lambda rt, hd, beside=0: tiles.append((hd, beside)) or 8)
     assert_backend_conforms("opencl", ops=["attention_prefill", "attention_mixed"])
     assert (256, 0) in tiles and any(beside for _, beside in tiles)
+
+
+@pytest.mark.parametrize(
+    "part, groups_per_cu, score_bytes",
+    [(16, 512, 8192), (64, 1, 8192), (16, 1, 256)],
+    ids=["many-splits", "fewest-splits", "more-splits-than-a-merge-slice"],
+)
+def test_decode_attention_conforms_however_the_context_is_split(
+    registry, monkeypatch, part, groups_per_cu, score_bytes
+):
+    """The fused decode kernel cuts each row's context into runs sized by depth and device (ops._decode_plan):
+    many short runs (empty trailing ones included, merged by the last work-group), one per MAX_SPLIT, or runs
+    so short that the merge takes the splits in several slices of MAX_SPLIT."""
+    from perfx_opencl import ops
+
+    plans = []
+    real_plan = ops._decode_plan
+
+    def plan(*args):
+        plans.append(real_plan(*args))
+        return plans[-1]
+
+    monkeypatch.setattr(ops, "DECODE_PART", part)
+    monkeypatch.setattr(ops, "DECODE_GROUPS_PER_CU", groups_per_cu)
+    monkeypatch.setattr(ops, "DECODE_SCORE_BYTES", score_bytes)
+    monkeypatch.setattr(ops, "MIXED_DECODE_SCORE_BYTES", min(score_bytes, ops.MIXED_DECODE_SCORE_BYTES))
+    monkeypatch.setattr(ops, "_decode_plan", plan)
+    assert_backend_conforms("opencl", ops=["attention_decode", "attention_mixed"])
+    splits = [p[0] for p in plans if p is not None]
+    assert max(splits) > (8 if part == 16 else 1) and min(splits) == 1
+    if score_bytes < 1024:
+        assert any(p[0] > p[1]["MAX_SPLIT"] for p in plans if p is not None)
+
+
+def test_decode_splits_follow_depth_and_device(registry):
+    """Few splits where the kv heads and rows already fill the device, more at depth, never longer than
+    MAX_SPLIT, and the same for every position of one graph-signature bucket."""
+    from perfx_opencl import ops
+
+    from perfx_core.backend import AttentionSpec, KVCacheSpec
+
+    rt = registry.open_runtime("opencl")
+    try:
+        rt.device = dataclasses.replace(rt.device, details={**rt.device.details, "compute_units": 132})
+        spec = AttentionSpec(32, 32, 128)
+        cache = rt.new_kv_cache(KVCacheSpec(1, 16, 4096, 32, 128, "float16"))
+
+        def splits(positions):
+            return ops._decode_plan(rt, cache, np.array(positions), spec, ops.DECODE_SCORE_BYTES)[0]
+
+        assert splits([10]) == 1 and splits([511]) == 8  # one split per DECODE_PART positions at most
+        assert splits([2047]) == splits([2000]) == 17  # 4 work-groups per compute unit, 32 kv heads, batch 1
+        assert splits([2047] * 16) == 2  # batch 16: the rows fill the device
+        assert splits([4095] * 16) == 2  # runs of 2048 positions: MAX_SPLIT at one query head per kv head
+        assert ops._decode_plan(rt, cache, np.array([4095]), spec, ops.DECODE_SCORE_BYTES)[1]["MAX_SPLIT"] == 2048
+    finally:
+        rt.close()
 
 
 def test_recorded_mixed_steps_replay_exactly(registry, smollm2_path, monkeypatch):

@@ -71,9 +71,23 @@ NORM_WG = 512  # threads per row of the norm kernels (kernels/elementwise.cl): o
 ARGMAX_WG = 256  # threads per row of argmax_rows
 ATT_WG = 128  # kernels/attention.cl
 ATT_PART = 128  # key positions per attention work-group: long contexts split over more work-groups
-DECODE_PART = int(os.environ.get("PERFX_OPENCL_DECODE_PART", 64))  # the same for the fused decode kernel
-if DECODE_PART not in (16, 32, 64, 128):  # a power of two dividing the 128-thread work-group (kernels/attention.cl)
+# The fused decode kernel splits a row's context over work-groups (kernels/attention.cl): at most one split per
+# DECODE_PART positions (each work-group has fixed costs: q, its reductions, its share of the merge), and no more
+# than fill DECODE_GROUPS_PER_CU work-groups per compute unit. H200, 7B shape, position 2000, 4 layers
+# (scripts/profile_steps.py --position 2000 --layers 4 --group 32, float16 cache; the kernel before its merge
+# was spread over the work-items), attention ms per step at batch 1 / 16: 4 per CU 0.114 / 0.737, 8 per CU
+# 0.135 / 0.873. The graph signature rounds positions to buckets of DECODE_PART (decode_signature), and the
+# split count is a function of the bucket.
+DECODE_PART = int(os.environ.get("PERFX_OPENCL_DECODE_PART", 64))
+if DECODE_PART not in (16, 32, 64, 128):
     raise InvalidArgumentError(f"PERFX_OPENCL_DECODE_PART must be 16, 32, 64 or 128; got {DECODE_PART}")
+DECODE_GROUPS_PER_CU = int(os.environ.get("PERFX_OPENCL_DECODE_GROUPS_PER_CU", 4))
+if DECODE_GROUPS_PER_CU < 1:
+    raise InvalidArgumentError(f"PERFX_OPENCL_DECODE_GROUPS_PER_CU must be at least 1; got {DECODE_GROUPS_PER_CU}")
+# Local memory for one decode work-group's scores (all its query heads): this bounds a split's length
+# (MAX_SPLIT). attention_mixed's work-groups also hold the prefill tile, so its decode rows get less.
+DECODE_SCORE_BYTES = 8192
+MIXED_DECODE_SCORE_BYTES = 2048
 MAX_HEAD_DIM = 256
 
 
@@ -643,21 +657,53 @@ def decode_signature(positions) -> tuple[int, int]:
 
 def attention_decode(rt, qkv, cache, layer, slots, positions, rope, spec, out):
     hd = spec.head_dim
-    if hd % 4 or not rt.fused_tails:
+    plan = _decode_plan(rt, cache, positions, spec, DECODE_SCORE_BYTES) if hd % 4 == 0 and rt.fused_tails else None
+    if plan is None:
         _attention(rt, qkv, cache, layer, slots, positions, rope, spec, out)  # the general three-launch path
         return
-    parts = decode_signature(positions)[0]
+    splits, defines = plan
     rt.launch(
-        rt.kernel(
-            "attention", "attention_decode_fused", PART=DECODE_PART, HD=hd, CACHE_HALF=cache.spec.dtype == "float16"
-        ),
-        (ATT_WG * spec.n_heads, len(positions), parts),
+        rt.kernel("attention", "attention_decode_fused", **defines),
+        (ATT_WG * spec.n_kv_heads, len(positions), splits),
         (ATT_WG, 1, 1),
-        *_decode_arguments(rt, qkv, cache, layer, slots, positions, rope, spec, out, parts),
+        *_decode_arguments(rt, qkv, cache, layer, slots, positions, rope, spec, out, splits),
     )
 
 
-def _decode_arguments(rt, qkv, cache, layer, slots, positions, rope, spec, out, parts: int) -> tuple:
+def _decode_vectors(hd: int, half: bool) -> tuple[int, int]:
+    """(cache elements per vector load, lanes per key while scoring) of the decode kernel (kernels/attention.cl
+    CV and KL): 16-byte vectors where the head divides into them, and up to 8 lanes on a key's adjacent ones."""
+    cv = 8 if half and hd % 8 == 0 else 4
+    chunks = hd // cv
+    return cv, next(kl for kl in (8, 4, 2, 1) if chunks % kl == 0)
+
+
+def _decode_local_bytes(hd: int, group: int, max_split: int, half: bool) -> int:
+    """attention_decode_fused's local arrays (DECODE_LOCALS): q, a tile's partial dots, the scores, the
+    reductions, the P.V partial sums and a flag."""
+    cv, kl = _decode_vectors(hd, half)
+    passes = max(1, ATT_WG // group // (ATT_WG // kl))
+    return 4 * (group * hd + group * passes * ATT_WG + group * max_split + group * ATT_WG + ATT_WG * cv) + 4
+
+
+def _decode_plan(rt, cache, positions, spec, score_bytes: int) -> tuple[int, dict] | None:
+    """(splits, kernel defines) of the fused decode kernel for these rows, or None where its local arrays do
+    not fit (the three-launch path then). A function of the batch size and the graph signature's bucket of the
+    longest row (decode_signature), so a recorded step stays valid for every step with that signature."""
+    hd, group = spec.head_dim, spec.n_heads // spec.n_kv_heads
+    half = cache.spec.dtype == "float16"
+    max_split = max(16, score_bytes // 4 // group // 16 * 16)
+    if _decode_local_bytes(hd, group, max_split, half) > _local_bytes(rt):
+        return None
+    bucket = decode_signature(positions)[0]  # the longest row has at most bucket * DECODE_PART positions
+    fit = -(-bucket * DECODE_PART // max_split)  # splits no longer than max_split
+    wanted = DECODE_GROUPS_PER_CU * rt.device.details.get("compute_units", 1)
+    fill = -(-wanted // (len(positions) * spec.n_kv_heads))
+    splits = max(fit, min(bucket, fill))
+    return splits, {"HD": hd, "GROUP": group, "MAX_SPLIT": max_split, "CACHE_HALF": half}
+
+
+def _decode_arguments(rt, qkv, cache, layer, slots, positions, rope, spec, out, splits: int) -> tuple:
     """attention_decode_fused's arguments (the leading ones of attention_mixed too)."""
     rows, hd = len(positions), spec.head_dim
     return (
@@ -667,8 +713,8 @@ def _decode_arguments(rt, qkv, cache, layer, slots, positions, rope, spec, out, 
         spec.qkv_dim,
         out,
         1.0 / math.sqrt(hd),
-        rt.scratch("attention_partial", (rows * spec.n_heads * parts * (hd + 2),)),
-        rt.zeroed_ints("attention_counters", rows * spec.n_heads),
+        rt.scratch("attention_partial", (rows * spec.n_heads * splits * (hd + 2),)),
+        rt.zeroed_ints("attention_counters", rows * spec.n_kv_heads),
     )
 
 
@@ -687,16 +733,14 @@ def attention_mixed(rt, qkv, cache, layer, slots, positions, slot, start, rope, 
     attention is short (MIXED_ATTENTION_MAX_GROUPS), else the two ops."""
     n, hd = len(positions), spec.head_dim
     t = qkv.shape[0] - n
-    parts = decode_signature(positions)[0] if n else 0
+    plan = _decode_plan(rt, cache, positions, spec, MIXED_DECODE_SCORE_BYTES) if n and hd % 4 == 0 else None
     tile = None
-    if (
-        hd % 4 == 0
-        and rt.fused_tails
-        and 0 < n * parts <= MIXED_ATTENTION_MAX_GROUPS
-        and 0 < t <= PREFILL_STORES_ROWS_MAX
-    ):
+    short = plan is not None and n * plan[0] <= MIXED_ATTENTION_MAX_GROUPS
+    if short and rt.fused_tails and 0 < t <= PREFILL_STORES_ROWS_MAX:
+        splits, defines = plan
+        beside = _decode_local_bytes(hd, defines["GROUP"], defines["MAX_SPLIT"], defines["CACHE_HALF"])
         with contextlib.suppress(BackendError):  # the two parts' local arrays side by side must fit
-            tile = _prefill_tile(rt, hd, _decode_local_bytes(hd))
+            tile = _prefill_tile(rt, hd, beside)
     if tile is None:
         generic_attention_mixed(rt, qkv, cache, layer, slots, positions, slot, start, rope, spec, out)
         return
@@ -705,18 +749,10 @@ def attention_mixed(rt, qkv, cache, layer, slots, positions, slot, start, rope, 
     blocks = -(-t // tile)
     prompt_slots, prompt_positions = prompt_indices(slot, start, t)
     rt.launch(
-        rt.kernel(
-            "attention",
-            "attention_mixed",
-            PART=DECODE_PART,
-            HD=hd,
-            QB=tile,
-            KB=tile,
-            CACHE_HALF=cache.spec.dtype == "float16",
-        ),
-        (ATT_WG * spec.n_heads, blocks + n, parts),
+        rt.kernel("attention", "attention_mixed", QB=tile, KB=tile, **defines),
+        (ATT_WG * spec.n_heads, blocks + n, splits),
         (ATT_WG, 1, 1),
-        *_decode_arguments(rt, decode_qkv, cache, layer, slots, positions, rope, spec, decode_out, parts),
+        *_decode_arguments(rt, decode_qkv, cache, layer, slots, positions, rope, spec, decode_out, splits),
         prompt_qkv,
         rt.upload_ints(PROMPT_KEYS[0], prompt_slots),
         rt.upload_ints(PROMPT_KEYS[1], prompt_positions),
@@ -734,12 +770,6 @@ def _prefill_tile(rt, hd: int, beside: int = 0) -> int:
         if 4 * floats + beside <= _local_bytes(rt):
             return tile
     raise BackendError(f"the tiled prefill attention does not fit this device's local memory at head_dim {hd}")
-
-
-def _decode_local_bytes(hd: int) -> int:
-    """attention_decode_fused's local arrays (DECODE_LOCALS): q, k and v of the new token, the scores, the
-    reduction scratch, the P.V partial sums and a flag."""
-    return 3 * 4 * hd + 4 * ATT_WG + 4 * ATT_WG + 16 * ATT_WG + 4
 
 
 # Up to this many rows, attention_prefill stores the rows' k and v itself, reading the rows' own keys from qkv

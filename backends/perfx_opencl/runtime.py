@@ -24,6 +24,8 @@ from perfx_core.backend import Backend, DeviceInfo, KVCacheSpec, Runtime
 from perfx_core.errors import BackendError, BackendUnavailableError, InvalidArgumentError
 from perfx_core.weights import DenseWeight, Int4Weight, Weight
 
+from . import program_cache
+
 KERNEL_DIR = Path(__file__).parent / "kernels"
 # Prepended to every kernel file: the device-wide fence, then the add + RMSNorm tail of the matmul kernels.
 KERNEL_PRELUDE = ("device_fence.cl", "add_norm_tail.cl")
@@ -272,7 +274,16 @@ class OpenCLRuntime(Runtime):
         self._kernels: dict[tuple, Any] = {}
         self._launches: dict[tuple, tuple[Any, tuple[Any, ...]]] = {}  # see launch()
         self.launch_count = 0  # kernels queued since open: benchmarks report launches per token
+        # Where opening and loading spent their time (perfx bench reports it): programs built or read from the
+        # program cache, weights uploaded and re-packed (seconds of host time, queued device work included).
+        self.load_stats = {"programs_built": 0, "programs_from_cache": 0, "program_s": 0.0, "weights_s": 0.0}
         self.kernel_events: list[tuple[str, Any]] | None = [] if os.environ.get("PERFX_OPENCL_PROFILE") else None
+
+    @property
+    def default_kv_dtype(self) -> str:
+        """float16 on GPUs: decode attention streams half the bytes per position (storage only, vload_half and
+        vstore_half: no cl_khr_fp16 needed); float32 on CPUs (PoCL), where the bytes matter less."""
+        return "float16" if self.device.kind == "gpu" else "float32"
 
     @property
     def queue(self) -> Any:
@@ -408,20 +419,39 @@ class OpenCLRuntime(Runtime):
 
     # -- weights and cache -----------------------------------------------------------------------------
     def prepare_weight(self, weight: Weight):
-        if isinstance(weight, Int4Weight):
-            m, k = weight.shape
-            # Chunk-major layout (kernels/int4.cl): 16-byte chunks of 32 codes, [chunk][row]; scale/bias [group][row].
-            chunks = np.ascontiguousarray(weight.packed.reshape(m, k // 32, 16).transpose(1, 0, 2))
-            return CLInt4Weight(
-                weight.shape,
-                weight.group_size,
-                self.from_numpy(chunks),
-                self.from_numpy(np.ascontiguousarray(weight.scale.T)),  # float16 bits, read with vload_half
-                self.from_numpy(np.ascontiguousarray(weight.bias.T)),
-            )
-        if isinstance(weight, DenseWeight):
-            return CLDenseWeight(weight.shape, self.from_numpy(weight.data))
-        raise InvalidArgumentError(f"the OpenCL backend cannot prepare a {type(weight).__name__}")
+        start = time.perf_counter()
+        try:
+            if isinstance(weight, Int4Weight):
+                m, k = weight.shape
+                # Chunk-major layout (kernels/int4.cl): 16-byte chunks of 32 codes, [chunk][row]; scale (float16
+                # bits, read with vload_half) and bias [group][row].
+                return CLInt4Weight(
+                    weight.shape,
+                    weight.group_size,
+                    self._transposed(weight.packed.reshape(m, k // 32, 16), "uint4"),
+                    self._transposed(weight.scale, "ushort"),
+                    self._transposed(weight.bias, "uint"),
+                )
+            if isinstance(weight, DenseWeight):
+                return CLDenseWeight(weight.shape, self.from_numpy(weight.data))
+            raise InvalidArgumentError(f"the OpenCL backend cannot prepare a {type(weight).__name__}")
+        finally:
+            self.load_stats["weights_s"] += time.perf_counter() - start
+
+    def _transposed(self, array: np.ndarray, elem: str) -> CLTensor:
+        """A device copy of ``array`` (rows, cols, ...) with its first two axes swapped; the trailing axes (a
+        16-byte chunk) are one ``elem`` of kernels/layout.cl. The host array is uploaded as it is and transposed
+        on the device, so placing a weight costs the host one copy instead of a strided NumPy transpose too."""
+        rows, cols = array.shape[:2]
+        staged = self.from_numpy(array)
+        out = self.empty((cols, rows, *array.shape[2:]), array.dtype)
+        if staged.size:
+            kernel = self.kernel("layout", "transpose_rows", ELEM=elem)
+            with check(f"re-packing a weight ({rows}x{cols} of {elem})"):
+                private = self.cl.Kernel(kernel.program, kernel.function_name)  # not a cached launch: the staged
+                private.set_args(staged.buffer, out.buffer, np.int32(rows), np.int32(cols))  # copy goes right after
+                self.cl.enqueue_nd_range_kernel(self.queue, private, (rows, cols), None)
+        return out
 
     def new_kv_cache(self, spec: KVCacheSpec) -> CLKVCache:
         if spec.dtype not in ("float32", "float16"):
@@ -550,23 +580,35 @@ class OpenCLRuntime(Runtime):
         key = (label, source, options)
         program = self._state.programs.get(key)
         if program is None:
-            cl = self.cl
-            with check(f"creating the program {label}"):
-                program = cl.Program(self.context, source)
-            try:
-                program.build(options=list(options), devices=[self.cl_device])
-            except cl.Error as exc:
-                try:
-                    log = program.get_build_info(self.cl_device, cl.program_build_info.LOG)
-                except cl.Error:
-                    log = ""
-                log = (log or str(exc)).strip()
-                raise KernelBuildError(
-                    f"OpenCL: building {label} with options {' '.join(options) or '(none)'} failed on "
-                    f"{self.device.name}:\n{log}",
-                    log,
-                ) from exc
+            start = time.perf_counter()
+            cached = program_cache.entry_path(self, source, options) if program_cache.enabled() else None
+            program = program_cache.load(self, cached, options) if cached is not None else None
+            self.load_stats["programs_from_cache" if program is not None else "programs_built"] += 1
+            if program is None:
+                program = self._build_from_source(source, options, label)
+                if cached is not None:
+                    program_cache.store(self, cached, program)
+            self.load_stats["program_s"] += time.perf_counter() - start
             self._state.programs[key] = program
+        return program
+
+    def _build_from_source(self, source: str, options: tuple[str, ...], label: str) -> Any:
+        cl = self.cl
+        with check(f"creating the program {label}"):
+            program = cl.Program(self.context, source)
+        try:
+            program.build(options=list(options), devices=[self.cl_device])
+        except cl.Error as exc:
+            try:
+                log = program.get_build_info(self.cl_device, cl.program_build_info.LOG)
+            except cl.Error:
+                log = ""
+            log = (log or str(exc)).strip()
+            raise KernelBuildError(
+                f"OpenCL: building {label} with options {' '.join(options) or '(none)'} failed on "
+                f"{self.device.name}:\n{log}",
+                log,
+            ) from exc
         return program
 
     def launch(self, kernel: Any, global_size: tuple[int, ...], local_size: tuple[int, ...] | None, *args: Any) -> None:

@@ -316,155 +316,275 @@ __kernel __attribute__((reqd_work_group_size(ATT_WG, 1, 1))) void attention_pref
 }
 #endif
 
-// -- decode in one launch ----------------------------------------------------------------------------------
-// attention_decode_fused: one new token per row (each row its own slot), built with -DHD=<head_dim> (a multiple
-// of 4, so the loops over a head unroll and issue all their loads at once). Does what store_kv + attention +
-// attention_merge do, in one kernel:
-// - the new token's k (RoPE'd) and v come straight from qkv; one work-group per (kv head, row) writes them
-//   to the cache, and no work-group reads the cache at the new position (so no ordering is needed);
-// - every thread scores: TPK = ATT_WG / PART threads per key, each over an interleaved share of the float4s;
-// - P.V runs HD/4 threads per position (a float4 each) over ATT_WG / (HD/4) positions at a time;
-// - with several partitions, the last work-group of a (row, head) to finish merges the partials (an atomic
-//   counter per (row, head), set back to zero by that work-group), instead of a separate merge launch.
-// Global size (ATT_WG * n_heads, rows, parts), local (ATT_WG, 1, 1); counters: rows * n_heads ints, zero.
+// -- decode in one launch: the context split over work-groups, one per kv head ------------------------------
+// attention_decode_fused: one new token per row (each row its own slot). Does what store_kv + attention +
+// attention_merge do, in one kernel. Built with -DHD=<head_dim> (a multiple of 4, so the loops over a head unroll),
+// -DGROUP=<query heads per kv head> and -DMAX_SPLIT=<positions a work-group takes at most>.
+// - Work-group (kv head j, row r, split) takes a run of the row's positions for all GROUP query heads of kv head
+//   j: each key and value is read once per group of query heads (grouped-query attention), not once per head.
+// - The host picks the number of splits by depth and device (ops.py _decode_splits); a row's positions 0..pos
+//   are cut into that many runs of L = ceil((pos + 1) / splits) rounded up to 16 (the last ones may be empty).
+// - Reads are coalesced 16-byte vectors (8 halves or 4 floats): while scoring, KL adjacent lanes take a key's
+//   adjacent vectors; in P.V, CHUNKS adjacent lanes take a row of V. So a warp's load covers whole 32-byte
+//   sectors of a few rows instead of a piece of 16 rows.
+// - Scores of the whole run stay in local memory (two passes: max, then exp and sum), then P.V.
+// - The work-group whose run ends at the new token writes its k (RoPE'd) and v to the cache first and reads them
+//   back after a barrier, so this step sees the stored (rounded) values as later steps will; no other
+//   work-group reads that position.
+// - With several splits, the last work-group of a (row, kv head) to finish merges the partials (an atomic
+//   counter per (row, kv head), set back to zero by that work-group), instead of a separate merge launch.
+// Global size (ATT_WG * n_kv, rows, splits), local (ATT_WG, 1, 1); counters: rows * n_kv ints, zero.
 #ifdef HD
-#define TPK (ATT_WG / PART)  // threads per key while scoring
-#define LANES (HD / 4)       // float4 lanes of a head
-#define STRIPES (ATT_WG / LANES)
+#ifndef GROUP
+#define GROUP 1
+#endif
+#ifndef MAX_SPLIT
+#define MAX_SPLIT 2048
+#endif
+#if defined(CACHE_HALF) && HD % 8 == 0
+#define CV 8  // cache elements per vector load: 16 bytes
+typedef float8 cvec;
+#define LOAD_CV(i, p) vloada_half8((i) >> 3, (p))  // i a multiple of 8
+#define STORE_CV(v, p) vstore8((v), 0, (p))
+inline float cvec_dot(float8 a, float8 b) { return dot(a.lo, b.lo) + dot(a.hi, b.hi); }
+#else
+#define CV 4
+typedef float4 cvec;
+#define LOAD_CV(i, p) LOAD_C4A(i, p)
+#define STORE_CV(v, p) vstore4((v), 0, (p))
+inline float cvec_dot(float4 a, float4 b) { return dot(a, b); }
+#endif
+#define CHUNKS (HD / CV)  // vectors per key or value row
+#if CHUNKS % 8 == 0
+#define KL 8  // lanes per key while scoring
+#elif CHUNKS % 4 == 0
+#define KL 4
+#elif CHUNKS % 2 == 0
+#define KL 2
+#else
+#define KL 1
+#endif
+#define KPP (ATT_WG / KL)  // keys per pass of the work-group
+// Passes per tile: a tile's GROUP x TILE scores are summed by one pass of the work-group where they fit.
+#define PASSES (ATT_WG / GROUP / KPP > 0 ? ATT_WG / GROUP / KPP : 1)
+#define TILE (PASSES * KPP)
+#define STRIPES (ATT_WG / CHUNKS)  // positions in flight in P.V
 // The local arrays of a decode work-group (separate arrays, as PREFILL_LOCALS).
-#define DECODE_LOCALS                                    \
-    __local float4 q[LANES], k_new[LANES], v_new[LANES]; \
-    __local float p[PART * TPK];                         \
-    __local float scratch[ATT_WG];                       \
-    __local float4 pv[ATT_WG];                           \
+#define DECODE_LOCALS                                                             \
+    __local cvec q_heads[GROUP * CHUNKS];           /* the heads' q, RoPE'd and scaled */ \
+    __local float tile_dots[GROUP * PASSES * ATT_WG]; /* a tile's partial dot products */   \
+    __local float pw[GROUP * MAX_SPLIT];       /* the run's scores, then weights */   \
+    __local float red[GROUP * ATT_WG];         /* reductions */                        \
+    __local cvec pv[ATT_WG];                   /* one head's P.V partial sums */       \
     __local int merging;
-#define DECODE_LOCAL_ARGS q, k_new, v_new, p, scratch, pv, &merging
+#define DECODE_LOCAL_ARGS q_heads, tile_dots, pw, red, pv, &merging
 
-// Partition `part` (of `parts`) of row r, head h (the work-group (h, r, part) of attention_decode_fused);
-// always inlined, as prefill_block.
+// The GROUP values v[] of every work-item reduced over the work-group (max or sum), returned in v[] to all.
+inline __attribute__((always_inline)) void reduce_heads(__local float* red, float* v, int take_max) {
+    const int lid = get_local_id(0);
+#pragma unroll
+    for (int g = 0; g < GROUP; ++g) red[g * ATT_WG + lid] = v[g];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int stride = ATT_WG / 2; stride > 0; stride >>= 1) {
+        if (lid < stride)
+#pragma unroll
+            for (int g = 0; g < GROUP; ++g) {
+                const float a = red[g * ATT_WG + lid], b = red[g * ATT_WG + lid + stride];
+                red[g * ATT_WG + lid] = take_max ? fmax(a, b) : a + b;
+            }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+#pragma unroll
+    for (int g = 0; g < GROUP; ++g) v[g] = red[g * ATT_WG];
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+
+// The last work-group's merge of the splits of one (row, kv head): out = sum_i e^(m_i - M) acc_i / sum_i e^(m_i - M) l_i
+// per head, from `parts_at` (GROUP heads x parts x (m, l, acc[HD])). The reads do not wait for each other: the
+// maxima and the weights are spread over the work-items, and the weighted sums load several splits at once.
+// Only this work-group is left running at the end of a batch-1 step, so its latency is the kernel's tail.
+// `weights` holds GROUP x MAX_SPLIT floats.
+#define MERGE_E ((GROUP * HD + ATT_WG - 1) / ATT_WG)  // output elements per work-item
+inline __attribute__((always_inline)) void merge_splits(__global const float* partial_at, int parts,
+                                                        __global float* out_at, __local float* weights,
+                                                        __local float* red) {
+    const int lid = get_local_id(0);
+    // Volatile reads go past the (non-coherent) L1 cache to where the other work-groups' writes landed.
+    volatile __global const float* parts_at = partial_at;
+    float top[GROUP], den[GROUP], num[MERGE_E];
+#pragma unroll
+    for (int g = 0; g < GROUP; ++g) top[g] = -INFINITY, den[g] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < MERGE_E; ++k) num[k] = 0.0f;
+    for (int i = lid; i < parts; i += ATT_WG)
+#pragma unroll
+        for (int g = 0; g < GROUP; ++g) top[g] = fmax(top[g], parts_at[((size_t)g * parts + i) * (HD + 2)]);
+    reduce_heads(red, top, 1);  // red[g * ATT_WG] keeps head g's maximum until the next reduction
+    for (int i0 = 0; i0 < parts; i0 += MAX_SPLIT) {  // splits i0.. of every head, as many as `weights` holds
+        const int n = min(MAX_SPLIT, parts - i0);
+        barrier(CLK_LOCAL_MEM_FENCE);  // the previous slice's weights are no longer read
+        for (int e = lid; e < GROUP * n; e += ATT_WG) {
+            const int g = e / n, i = e % n;
+            const size_t at = ((size_t)g * parts + i0 + i) * (HD + 2);
+            const float l = parts_at[at + 1], w = l > 0.0f ? exp(parts_at[at] - red[g * ATT_WG]) : 0.0f;
+            weights[g * MAX_SPLIT + i] = w;
+#pragma unroll
+            for (int h = 0; h < GROUP; ++h) den[h] += h == g ? w * l : 0.0f;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+#pragma unroll
+        for (int k = 0; k < MERGE_E; ++k) {
+            const int e = lid + k * ATT_WG, g = e / HD, d = e % HD;
+            if (e < GROUP * HD) {
+                float a = num[k];
+#pragma unroll 8
+                for (int i = 0; i < n; ++i)
+                    a += weights[g * MAX_SPLIT + i] * parts_at[((size_t)g * parts + i0 + i) * (HD + 2) + 2 + d];
+                num[k] = a;
+            }
+        }
+    }
+    reduce_heads(red, den, 0);
+#pragma unroll
+    for (int k = 0; k < MERGE_E; ++k) {
+        const int e = lid + k * ATT_WG;
+        if (e < GROUP * HD) out_at[e] = num[k] / red[(e / HD) * ATT_WG];  // reduce_heads left the sums there
+    }
+}
+
+// Split `part` (of `parts`) of row r, kv head j (the work-group (j, r, part) of attention_decode_fused); always
+// inlined, as prefill_block.
 inline __attribute__((always_inline)) void decode_row(
     __global const float* qkv, int qkv_off, __global const int* slots, __global const int* positions,
     __global const float* cos_t, int cos_off, __global const float* sin_t, int sin_off, __global CACHE_T* k_cache,
     __global CACHE_T* v_cache, int layer, int n_slots, int n_kv, int max_seq, int n_heads, int qkv_dim,
     __global float* out, int out_off, float score_scale, __global float* partial, int partial_off,
-    __global int* counters, int counters_off, const int h, const int r, const int part, const int parts,
-    __local float4* q, __local float4* k_new, __local float4* v_new, __local float* p, __local float* scratch,
-    __local float4* pv, __local int* merging) {
+    __global int* counters, int counters_off, const int j, const int r, const int part, const int parts,
+    __local cvec* q_heads, __local float* tile_dots, __local float* pw, __local float* red, __local cvec* pv,
+    __local int* merging) {
     const int lid = get_local_id(0);
-    const int pos = positions[r], slot = slots[r], half_d = HD / 2, group = n_heads / n_kv, kv_head = h / group;
-    const int first = part * PART, count = min(PART, pos + 1 - first);  // count <= 0: nothing to score
-    const int q_at = qkv_off + r * qkv_dim + h * HD;
-    const int k_at = qkv_off + r * qkv_dim + n_heads * HD + kv_head * HD, v_at = k_at + n_kv * HD;
-    const bool holds_new = first <= pos && pos < first + PART;  // this partition ends at the new token
-    __local float* qf = (__local float*)q;
-    __local float* kf = (__local float*)k_new;
-    __local float* vf = (__local float*)v_new;
-    for (int i = lid; i < half_d; i += ATT_WG) {
+    const int pos = positions[r], slot = slots[r], half_d = HD / 2;
+    const int run = ((pos + parts) / parts + 15) & ~15;  // ceil((pos + 1) / parts), rounded up to 16
+    const int first = part * run, count = clamp(pos + 1 - first, 0, run);
+    const int row_at = qkv_off + r * qkv_dim;
+    const size_t base = cache_index(layer, slot, j, first, n_slots, n_kv, max_seq, HD);
+    __local float* qf = (__local float*)q_heads;
+    for (int e = lid; e < GROUP * half_d; e += ATT_WG) {
+        const int g = e / half_d, i = e % half_d, q_at = row_at + (j * GROUP + g) * HD;
         const float c = cos_t[cos_off + pos * half_d + i], s = sin_t[sin_off + pos * half_d + i];
         const float x1 = qkv[q_at + i], x2 = qkv[q_at + i + half_d];
-        qf[i] = x1 * c - x2 * s;
-        qf[i + half_d] = x2 * c + x1 * s;
-        if (holds_new) {
-            const float k1 = qkv[k_at + i], k2 = qkv[k_at + i + half_d];
-            // With a float16 cache this step uses the new token's float32 k and v, later steps the stored
-            // half values: a difference far inside the conformance limits.
-            kf[i] = k1 * c - k2 * s;
-            kf[i + half_d] = k2 * c + k1 * s;
-            vf[i] = qkv[v_at + i];
-            vf[i + half_d] = qkv[v_at + i + half_d];
-        }
+        qf[g * HD + i] = (x1 * c - x2 * s) * score_scale;
+        qf[g * HD + i + half_d] = (x2 * c + x1 * s) * score_scale;
     }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    const size_t base = cache_index(layer, slot, kv_head, first, n_slots, n_kv, max_seq, HD);
-    if (holds_new && h % group == 0) {  // the one writer of this (kv head, row)
+    if (count > 0 && first + count == pos + 1) {  // this run ends at the new token: store its k and v
+        const int k_at = row_at + n_heads * HD + j * HD, v_at = k_at + n_kv * HD;
         const size_t at = base + (size_t)(pos - first) * HD;
-        for (int d = lid; d < HD; d += ATT_WG) {
-            STORE_C(kf[d], at + d, k_cache);
-            STORE_C(vf[d], at + d, v_cache);
+        for (int i = lid; i < half_d; i += ATT_WG) {
+            const float c = cos_t[cos_off + pos * half_d + i], s = sin_t[sin_off + pos * half_d + i];
+            const float k1 = qkv[k_at + i], k2 = qkv[k_at + i + half_d];
+            STORE_C(k1 * c - k2 * s, at + i, k_cache);
+            STORE_C(k2 * c + k1 * s, at + i + half_d, k_cache);
+            STORE_C(qkv[v_at + i], at + i, v_cache);
+            STORE_C(qkv[v_at + i + half_d], at + i + half_d, v_cache);
         }
     }
-    // Scores: thread lid takes key s = lid / TPK, float4s j = lid % TPK, + TPK, ...
-    {
-        const int s = lid / TPK, j0 = lid % TPK;
-        float4 acc = (float4)(0.0f);
-        if (s < count) {
-            if (first + s == pos) {
+    barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);  // q in place, the new k and v readable here
+    // Scores, a tile at a time: work-item lid takes lane lid % KL of key lid / KL of each pass.
+    const int lane = lid % KL, key_of_pass = lid / KL;
+    for (int t0 = 0; t0 < count; t0 += TILE) {
 #pragma unroll
-                for (int j = j0; j < LANES; j += TPK) acc += q[j] * k_new[j];
-            } else {
-                const size_t key = base + (size_t)s * HD;
+        for (int p = 0; p < PASSES; ++p) {
+            // Past the run's end a work-item scores its last key again (ignored below): the loads need no
+            // condition, so the compiler can issue every pass's loads together.
+            const size_t key = base + (size_t)min(t0 + p * KPP + key_of_pass, count - 1) * HD;
+            float dots[GROUP];
 #pragma unroll
-                for (int j = j0; j < LANES; j += TPK) acc += q[j] * LOAD_C4A(key + 4 * j, k_cache);
+            for (int g = 0; g < GROUP; ++g) dots[g] = 0.0f;
+#pragma unroll
+            for (int u = 0; u < CHUNKS / KL; ++u) {
+                const int c = lane + u * KL;
+                const cvec k = LOAD_CV(key + c * CV, k_cache);
+#pragma unroll
+                for (int g = 0; g < GROUP; ++g) dots[g] += cvec_dot(q_heads[g * CHUNKS + c], k);
+            }
+#pragma unroll
+            for (int g = 0; g < GROUP; ++g) tile_dots[(g * PASSES + p) * ATT_WG + lid] = dots[g];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int e = lid; e < GROUP * TILE; e += ATT_WG) {
+            const int g = e / TILE, k = e % TILE;
+            if (t0 + k < count) {
+                const int at = (g * PASSES + k / KPP) * ATT_WG + (k % KPP) * KL;
+                float score = 0.0f;
+#pragma unroll
+                for (int l = 0; l < KL; ++l) score += tile_dots[at + l];
+                pw[g * MAX_SPLIT + t0 + k] = score;
             }
         }
-        p[lid] = dot(acc, (float4)(1.0f));
+        barrier(CLK_LOCAL_MEM_FENCE);
     }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    float local_max = -INFINITY;
-    float score = -INFINITY;
-    if (lid < count) {
-        score = 0.0f;
+    // Softmax statistics of the run, per head: its max, then e^(score - max) in place and their sum.
+    float m[GROUP], l[GROUP];
 #pragma unroll
-        for (int j = 0; j < TPK; ++j) score += p[lid * TPK + j];
-        score *= score_scale;
-        local_max = score;
-    }
-    const float max_score = group_reduce(scratch, local_max, 1);  // its barriers also end the reads of p[]
-    const float e = lid < count ? exp(score - max_score) : 0.0f;
-    if (lid < PART) p[lid] = e;
-    const float sum = group_reduce(scratch, e, 0);  // its barriers also publish p[]
-    // P.V: thread (lane, stripe) owns float4 `lane` of positions stripe, stripe + STRIPES, ...
-    const int lane = lid % LANES, stripe = lid / LANES;
-    float4 acc = (float4)(0.0f);
+    for (int g = 0; g < GROUP; ++g) m[g] = -INFINITY, l[g] = 0.0f;
+    for (int s = lid; s < count; s += ATT_WG)
+#pragma unroll
+        for (int g = 0; g < GROUP; ++g) m[g] = fmax(m[g], pw[g * MAX_SPLIT + s]);
+    reduce_heads(red, m, 1);
+    for (int s = lid; s < count; s += ATT_WG)
+#pragma unroll
+        for (int g = 0; g < GROUP; ++g) {
+            const float e = exp(pw[g * MAX_SPLIT + s] - m[g]);
+            pw[g * MAX_SPLIT + s] = e;
+            l[g] += e;
+        }
+    reduce_heads(red, l, 0);  // its barriers also publish pw[]
+    // P.V: work-item (vlane, stripe) owns vector vlane of positions stripe, stripe + STRIPES, ...
+    const int vlane = lid % CHUNKS, stripe = lid / CHUNKS;
+    cvec acc[GROUP];
+#pragma unroll
+    for (int g = 0; g < GROUP; ++g) acc[g] = (cvec)(0.0f);
     if (stripe < STRIPES) {
-        const size_t at = base + 4 * lane;
+        const size_t at = base + vlane * CV;
 #pragma unroll 4
         for (int s = stripe; s < count; s += STRIPES) {
-            const float4 v = first + s == pos ? v_new[lane] : LOAD_C4A(at + (size_t)s * HD, v_cache);
-            acc += p[s] * v;
+            const cvec v = LOAD_CV(at + (size_t)s * HD, v_cache);
+#pragma unroll
+            for (int g = 0; g < GROUP; ++g) acc[g] += pw[g * MAX_SPLIT + s] * v;
         }
     }
-    pv[lid] = acc;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    const size_t row_head = (size_t)r * n_heads + h;
-    const size_t stats = partial_off + (row_head * parts + part) * (HD + 2);
-    if (lid < LANES) {
-        float4 total = (float4)(0.0f);
-        for (int i = 0; i < STRIPES; ++i) total += pv[i * LANES + lid];
-        if (parts == 1)
-            vstore4(total / sum, 0, out + out_off + row_head * HD + 4 * lid);
-        else
-            vstore4(total, 0, partial + stats + 2 + 4 * lid);
+#pragma unroll
+    for (int g = 0; g < GROUP; ++g) {
+        pv[lid] = acc[g];
+        barrier(CLK_LOCAL_MEM_FENCE);
+        const size_t row_head = (size_t)r * n_heads + j * GROUP + g;
+        const size_t stats = partial_off + (row_head * parts + part) * (HD + 2);
+        if (lid < CHUNKS) {
+            cvec total = (cvec)(0.0f);
+            for (int i = 0; i < STRIPES; ++i) total += pv[i * CHUNKS + lid];
+            if (parts == 1)
+                STORE_CV(total / l[g], out + out_off + row_head * HD + CV * lid);
+            else
+                STORE_CV(total, partial + stats + 2 + CV * lid);
+        }
+        if (parts > 1 && lid == 0) {
+            partial[stats] = count > 0 ? m[g] : -INFINITY;
+            partial[stats + 1] = count > 0 ? l[g] : 0.0f;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
     }
     if (parts == 1) return;
-    if (lid == 0) {
-        partial[stats] = count > 0 ? max_score : -INFINITY;
-        partial[stats + 1] = count > 0 ? sum : 0.0f;
-    }
-    // Publish this partition, then count it; the last of the (row, head) merges all of them.
+    // Publish this split, then count it; the last of the (row, kv head) merges all of them.
     DEVICE_FENCE();
     barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
-    if (lid == 0) *merging = atomic_inc(counters + counters_off + row_head) == parts - 1;
+    const size_t row_kv = (size_t)r * n_kv + j;
+    if (lid == 0) *merging = atomic_inc(counters + counters_off + row_kv) == parts - 1;
     barrier(CLK_LOCAL_MEM_FENCE);
     if (!*merging) return;
     DEVICE_FENCE();
-    // Volatile reads go past the (non-coherent) L1 cache to where the other work-groups' writes landed.
-    volatile __global const float* parts_at = partial + partial_off + row_head * parts * (HD + 2);
-    float m = -INFINITY;
-    for (int i = 0; i < parts; ++i) m = fmax(m, parts_at[i * (HD + 2)]);
-    for (int d = lid; d < HD; d += ATT_WG) {
-        float num = 0.0f, den = 0.0f;
-        for (int i = 0; i < parts; ++i) {
-            const float l = parts_at[i * (HD + 2) + 1];
-            if (l > 0.0f) {
-                const float w = exp(parts_at[i * (HD + 2)] - m);
-                num += w * parts_at[i * (HD + 2) + 2 + d];
-                den += w * l;
-            }
-        }
-        out[out_off + row_head * HD + d] = num / den;
-    }
-    if (lid == 0) counters[counters_off + row_head] = 0;  // ready for the next launch
+    merge_splits(partial + partial_off + ((size_t)r * n_heads + j * GROUP) * parts * (HD + 2), parts,
+                 out + out_off + ((size_t)r * n_heads + j * GROUP) * HD, pw, red);
+    if (lid == 0) counters[counters_off + row_kv] = 0;  // ready for the next launch
 }
 
 __kernel __attribute__((reqd_work_group_size(ATT_WG, 1, 1))) void attention_decode_fused(
@@ -485,8 +605,9 @@ __kernel __attribute__((reqd_work_group_size(ATT_WG, 1, 1))) void attention_deco
 // small, latency-bound kernels at a server's sizes (~13-15 us each per layer on the H200): side by side, their
 // work-groups overlap instead of running one launch after the other. The prompt's slot is none of the decode
 // rows' slots, so neither part reads what the other writes.
-// Built with -DHD, -DQB, -DKB and -DPART. Global size (ATT_WG * n_heads, blocks + rows, parts): y < blocks are
-// the prompt's row blocks (partition 0 only), the rest the decode rows; local (ATT_WG, 1, 1).
+// Built with -DHD, -DGROUP, -DMAX_SPLIT, -DQB and -DKB. Global size (ATT_WG * n_heads, blocks + rows, splits):
+// y < blocks are the prompt's row blocks (split 0 only), the rest the decode rows (x < n_kv: one work-group per
+// kv head); local (ATT_WG, 1, 1).
 #if defined(QB) && defined(KB)
 __kernel __attribute__((reqd_work_group_size(ATT_WG, 1, 1))) void attention_mixed(
     __global const float* qkv, int qkv_off, __global const int* slots, __global const int* positions,
@@ -505,7 +626,7 @@ __kernel __attribute__((reqd_work_group_size(ATT_WG, 1, 1))) void attention_mixe
             prefill_block(prompt_qkv, prompt_qkv_off, prompt_slots, prompt_positions, cos_t, cos_off, sin_t, sin_off,
                           k_cache, v_cache, layer, n_slots, n_kv, max_seq, prompt_rows, n_heads, qkv_dim, prompt_out,
                           prompt_out_off, score_scale, 1, h, y, PREFILL_LOCAL_ARGS);
-    } else {
+    } else if (h < n_kv) {  // decode work-groups are one per kv head
         decode_row(qkv, qkv_off, slots, positions, cos_t, cos_off, sin_t, sin_off, k_cache, v_cache, layer, n_slots,
                    n_kv, max_seq, n_heads, qkv_dim, out, out_off, score_scale, partial, partial_off, counters,
                    counters_off, h, y - blocks, part, get_num_groups(2), DECODE_LOCAL_ARGS);
