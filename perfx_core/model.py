@@ -200,23 +200,24 @@ class LlamaModel:
         for i, layer in enumerate(self.layers):
             self._qkv(h, layer, self.layer_specs[i], qkv)
             attend(qkv, i, attn)
-            self._residual_add(attn, layer.wo, layer.post_attn_norm, layer.ffn_norm, h)
+            self._residual_add(attn, layer.wo, layer.post_attn_norm, x, layer.ffn_norm, h)
             if c.activation == "gelu_tanh":
                 ops.gate_up_gelu(h, layer.w_gate_up, ffn)
             else:
                 ops.gate_up_silu(h, layer.w_gate_up, ffn)
             # The block's output joins the residual stream, normed for the next block (or the final norm).
             next_norm = self.layers[i + 1].attn_norm if i + 1 < len(self.layers) else self.norm
-            self._residual_add(ffn, layer.w_down, layer.post_ffn_norm, next_norm, h)
+            self._residual_add(ffn, layer.w_down, layer.post_ffn_norm, x, next_norm, h)
         return h
 
     def _qkv(self, h: Any, layer: DeviceLayer, spec: AttentionSpec, qkv: Any) -> None:
         """The q, k, v rows of the normed input ``h``, with the family's bias and q/k norm."""
-        ops, n = self.rt.ops, h.shape[0]
-        steps = [s for s in ("bias", "norm") if (layer.b_qkv if s == "bias" else layer.q_norm) is not None]
-        if not steps:
+        ops = self.rt.ops
+        if layer.b_qkv is None and layer.q_norm is None:  # Llama: one op
             ops.qkv_proj(h, layer.w_qkv, qkv)
             return
+        n = h.shape[0]
+        steps = [s for s in ("bias", "norm") if (layer.b_qkv if s == "bias" else layer.q_norm) is not None]
         # Each step writes the other buffer (an op's output never overlaps its input); the last writes qkv.
         buffers = [self._rows("qkv_in", 0, n), qkv] if len(steps) % 2 else [qkv, self._rows("qkv_in", 0, n)]
         ops.qkv_proj(h, layer.w_qkv, buffers[0])
@@ -226,10 +227,9 @@ class LlamaModel:
             else:
                 ops.head_rmsnorm(src, layer.q_norm, layer.k_norm, self.config.norm_eps, spec, dst)
 
-    def _residual_add(self, x: Any, w: Any, post_norm: Any, next_norm: Any, h: Any) -> None:
+    def _residual_add(self, x: Any, w: Any, post_norm: Any, residual: Any, next_norm: Any, h: Any) -> None:
         """residual += x @ w.T (normed by ``post_norm`` first, where the family has one); h = the normed residual."""
         ops, eps, n = self.rt.ops, self.config.norm_eps, x.shape[0]
-        residual = self._rows("x", 0, n)
         if post_norm is None:
             ops.linear_add_rmsnorm(x, w, residual, next_norm, eps, h)
             return

@@ -121,9 +121,13 @@ def main(argv=None) -> int:
 
     rng = np.random.default_rng(args.seed)
     prompt = rng.integers(0, model.config.vocab_size, size=args.prompt_tokens).tolist()
-    # Warm-up: one-time work (kernel compilation, weight layouts, buffer allocation) outside the timings.
-    perfx_run(engine, prompt[:16], 3)
-    llama_run(llm, prompt[:16], 3)
+    # Warm-up: one-time work (kernel compilation, weight layouts, buffer allocation) outside the timings, on
+    # the timed shapes: a shorter prompt would run other paths (perfx: prompts of 9-32 tokens build float32
+    # weight copies that later prefills reuse; decode below position ~170 skips the parallel attention), and
+    # enough decode steps for numba-cpu's single-threaded kernels (right after a prefill) and parallel ones.
+    perfx_run(engine, prompt, 32)
+    llama_run(llm, prompt, 32)
+    load_before = os.getloadavg()
 
     runs = {"perfx": [], "llama.cpp": []}
     for i in range(args.repeat):
@@ -147,6 +151,7 @@ def main(argv=None) -> int:
             "decode_ms_per_token": 1e3 * decode_s / args.gen_tokens,
         }
 
+    load_after = os.getloadavg()
     perfx_s, llama_s = summary("perfx"), summary("llama.cpp")
     result = {
         "model": model_path,
@@ -155,6 +160,9 @@ def main(argv=None) -> int:
         "gen_tokens": args.gen_tokens,
         "repeat": args.repeat,
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpu_count": os.cpu_count()},
+        # 1-minute load averages around the timed runs (this process adds ~threads while it runs).
+        "load_average": {"before": load_before[0], "after": load_after[0]},
+        "perfx_numba_parallel": os.environ.get("PERFX_NUMBA_PARALLEL", "auto"),
         "perfx": {**perfx_s, "backend": args.backend, "load_s": perfx_load_s, "ops": dict(engine.rt.ops.sources)},
         "llama.cpp": {**llama_s, "load_s": llama_load_s, "version": getattr(llama_cpp, "__version__", "?")},
         "ratio_perfx_over_llamacpp": {
@@ -169,13 +177,19 @@ def main(argv=None) -> int:
         (f"decode ({args.gen_tokens} tokens), tok/s", "decode_tokens_per_s", "decode"),
         (f"prefill ({args.prompt_tokens} tokens), tok/s", "prefill_tokens_per_s", "prefill"),
     ]
-    print(f"\n{os.path.basename(model_path)}, {args.threads} threads, median of {args.repeat} alternating runs")
-    print(f"| {'metric':32s} | {'perfx':>9s} | {'llama.cpp':>9s} | {'perfx / llama.cpp':>17s} |")
-    print(f"| {'-' * 32} | {'-' * 9} | {'-' * 9} | {'-' * 17} |")
+    print(
+        f"\n{os.path.basename(model_path)}, {args.threads} threads, median of {args.repeat} alternating runs, "
+        f"load average {load_before[0]:.2f} before / {load_after[0]:.2f} after"
+    )
+    header = f"| {'metric':32s} | {'perfx':>9s} | {'llama.cpp':>9s} | {'perfx / llama.cpp':>17s} |"
+    print(header + f" {'ratio of each run pair':>22s} |")
+    print(f"| {'-' * 32} | {'-' * 9} | {'-' * 9} | {'-' * 17} | {'-' * 22} |")
     for label, key, ratio in rows:
+        seconds = f"{ratio}_s"  # a pair is one perfx run and the llama.cpp run right after it
+        pairs = [b[seconds] / a[seconds] for a, b in zip(runs["perfx"], runs["llama.cpp"], strict=True)]
         print(
             f"| {label:32s} | {perfx_s[key]:9.1f} | {llama_s[key]:9.1f} | "
-            f"{result['ratio_perfx_over_llamacpp'][ratio]:17.2f} |"
+            f"{result['ratio_perfx_over_llamacpp'][ratio]:17.2f} | {min(pairs):9.2f} - {max(pairs):<10.2f} |"
         )
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=2))
     if args.json:

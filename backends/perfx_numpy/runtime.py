@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 from dataclasses import dataclass, field
@@ -77,7 +78,7 @@ class NumpyRuntime(Runtime):
         tensor[...] = values.reshape(tensor.shape)
 
     def view(self, tensor, offset, shape):
-        size = int(np.prod(shape))
+        size = math.prod(shape)  # not np.prod: ~1 us instead of ~5 (a decode step takes ~10 views)
         flat = tensor.reshape(-1)
         if offset < 0 or offset + size > flat.size:
             raise BackendError(f"view [{offset}, {offset + size}) is outside a tensor of {flat.size} elements")

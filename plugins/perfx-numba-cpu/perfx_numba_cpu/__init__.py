@@ -11,7 +11,8 @@
   loaded into float32, e.g. SmolLM2's tied embedding/output): an int8 copy made at first use, 4x less
   memory traffic than the float32 sgemv. Anything else: NumPy's BLAS on the float32 values.
 - fused ``rmsnorm``, ``add_rmsnorm``, ``silu_mul``, ``attention_decode`` (float32 caches), and the
-  composites ``linear``, ``qkv_proj``, ``logits`` (direct dispatch) and ``gate_up_silu`` (one kernel).
+  composites ``linear``, ``qkv_proj``, ``logits`` (direct dispatch), ``gate_up_silu`` and
+  ``linear_add_rmsnorm`` (one kernel each for n <= SMALL_N on int4 weights).
 
 Per-weight layouts (the blocked codes, float32 scales, the int8 copy) are built once, at a weight's first
 use, and kept on the weight handle as the attribute ``_numba_cpu``; nothing is re-laid-out per token.
@@ -19,9 +20,11 @@ use, and kept on the weight handle as the attribute ``_numba_cpu``; nothing is r
 
 from __future__ import annotations
 
+import math
 import os
 from time import perf_counter, process_time
 
+import numba
 import numpy as np
 
 from perfx_core.errors import InvalidArgumentError
@@ -55,6 +58,11 @@ PARALLEL_MODE = os.environ.get("PERFX_NUMBA_PARALLEL", "auto").strip().lower()
 PARALLEL_MIN_WORK = 200_000  # multiply-adds below which a call always runs on one thread
 CHECK_S = 0.25
 OTHERS_LIMIT = 0.3  # cores
+# After a BLAS call OpenBLAS's worker threads spin (sched_yield) for ~2^28 cycles before they sleep, and a
+# parallel kernel's worker then shares a core with one: the first decode steps after a 512-token prefill
+# took 17-45 ms instead of 9 (2-core VM, SmolLM2), against ~12 ms single-threaded. So for this long after
+# the plugin's last BLAS call the kernels run on one thread.
+BLAS_SPIN_S = 0.12
 
 
 class _Machine:
@@ -87,15 +95,27 @@ class _Machine:
         return cls.free
 
 
-def _run(parallel, serial, work, *args) -> None:
-    """Run a kernel parallel or on one thread, as PARALLEL_MODE and the machine's load say."""
+_blas_spinning_until = 0.0
+
+
+def _matmul(x, wt, out) -> None:
+    """out = x @ wt through BLAS, noting when its threads will stop spinning (BLAS_SPIN_S)."""
+    global _blas_spinning_until
+    np.matmul(x, wt, out=out)
+    _blas_spinning_until = perf_counter() + BLAS_SPIN_S
+
+
+def _parallel(work) -> bool:
+    """Whether a kernel of ``work`` multiply-adds runs parallel, as PARALLEL_MODE and the machine's load say."""
     if PARALLEL_MODE == "always":
-        use_parallel = True
-    elif PARALLEL_MODE == "never" or work < PARALLEL_MIN_WORK:
-        use_parallel = False
-    else:
-        use_parallel = _Machine.is_free()
-    (parallel if use_parallel else serial)(*args)
+        return True
+    if PARALLEL_MODE == "never" or work < PARALLEL_MIN_WORK or perf_counter() < _blas_spinning_until:
+        return False
+    return _Machine.is_free()
+
+
+def _run(parallel, serial, work, *args) -> None:
+    (parallel if _parallel(work) else serial)(*args)
 
 
 class _Int4Layout:
@@ -183,7 +203,7 @@ def _int4_matmul(rt, x, w, out) -> None:
         # Batched decode (serving): dequantizing per call would cost more than the matmul; use the NumPy
         # backend's float copy, made once (memory for speed, only when batches this size happen). Once it
         # exists, prefill chunks use it too (a server interleaves them with its decode steps).
-        np.matmul(x, w.float32().T, out=out)
+        _matmul(x, w.float32().T, out)
         return
     m, k = layout.shape
     rows = max(1, min(m, TILE_BYTES // (4 * k)))
@@ -192,14 +212,14 @@ def _int4_matmul(rt, x, w, out) -> None:
     dequantize = K.int4_dequantize if PARALLEL_MODE == "always" else K.int4_dequantize_serial
     if rows == m:
         dequantize(layout.packed, layout.scale_rows, layout.bias_rows, tile)
-        np.matmul(x, tile.T, out=out)
+        _matmul(x, tile.T, out)
         return
     part = rt.scratch("numba_cpu.tile_out", (n, rows))
     for r0 in range(0, m, rows):
         r1 = min(m, r0 + rows)
         block = tile[: r1 - r0]
         dequantize(layout.packed[r0:r1], layout.scale_rows[r0:r1], layout.bias_rows[r0:r1], block)
-        np.matmul(x, block.T, out=part[:, : r1 - r0])
+        _matmul(x, block.T, part[:, : r1 - r0])
         out[:, r0:r1] = part[:, : r1 - r0]
 
 
@@ -217,7 +237,7 @@ def dense_gemm(rt, x, w, out) -> None:
         if layout is not None:
             _run(K.int8_matvec, K.int8_matvec_serial, x.shape[0] * layout.q.size, layout.q, layout.d, _f32(x), out)
             return
-    np.matmul(x, w.float32().T, out=out)
+    _matmul(x, w.float32().T, out)
 
 
 def linear(rt, x, w, out) -> None:
@@ -245,6 +265,31 @@ def gate_up_silu(rt, x, w, out) -> None:
     generic_gate_up_silu(rt, x, w, out)  # the generic composition, on this plugin's linear and silu_mul
 
 
+def linear_add_rmsnorm(rt, x, w, residual, weight, eps, out) -> None:
+    # 60 calls per SmolLM2 decode step: the generic composite (a scratch lookup, a view and two more op calls
+    # each) cost ~1 ms of host time per token, more than the rest of the step's Python together.
+    n = x.shape[0]
+    if w.kind == "int4" and n <= SMALL_N:
+        layout = _int4_layout(rt, w)
+        _run(
+            K.int4_matvec_add_rmsnorm,
+            K.int4_matvec_add_rmsnorm_serial,
+            n * layout.codes.size * 2,
+            layout.codes,
+            layout.scales,
+            layout.biases,
+            _f32(x),
+            residual,
+            weight,
+            np.float32(eps),
+            out,
+        )
+        return
+    delta = rt.scratch("linear_add_rmsnorm", out.shape)
+    linear(rt, x, w, delta)
+    K.add_rmsnorm(delta, residual, weight, np.float32(eps), out)
+
+
 def rmsnorm(rt, x, weight, eps, out) -> None:
     K.rmsnorm(x, weight, np.float32(eps), out)
 
@@ -266,14 +311,20 @@ def attention_decode(rt, qkv, cache, layer, slots, positions, rope, spec, out) -
         numpy_ops.attention_decode(rt, qkv, cache, layer, slots, positions, rope, spec, out)
         return
     args = (qkv, cache.k, cache.v, layer, slots, positions, rope.cos, rope.sin)
-    args += (spec.n_heads, spec.n_kv_heads, spec.head_dim, out)
+    args += (spec.n_heads, spec.n_kv_heads, spec.head_dim)
     if len(slots) > SMALL_N:
         # This step's matmuls run in BLAS (see _int4_matmul): numba's pool, spinning after a parallel region,
         # would take the cores from BLAS's threads (a 16-sequence step measured 260 ms against 56 ms).
-        K.attention_decode_serial(*args)
+        K.attention_decode_serial(*args, 1, out)
         return
-    work = len(slots) * spec.n_heads * (int(positions.max()) + 1) * spec.head_dim * 2
-    _run(K.attention_decode, K.attention_decode_serial, work, *args)
+    # max over a list: positions has at most SMALL_N rows here, and ndarray.max costs ~3 us (30 calls a step)
+    work = len(slots) * spec.n_heads * (max(positions.tolist()) + 1) * spec.head_dim * 2
+    if _parallel(work):
+        # Split the positions into parts so that the (row, kv head, part) items are a multiple of the threads.
+        threads = numba.get_num_threads()
+        K.attention_decode(*args, threads // math.gcd(threads, len(slots) * spec.n_kv_heads), out)
+    else:
+        K.attention_decode_serial(*args, 1, out)
 
 
 attention_decode.perfx_features = ("window", "softcap", "scale")  # by deferring to the NumPy backend
@@ -290,6 +341,7 @@ OPS = {
     "qkv_proj": linear,
     "logits": linear,
     "gate_up_silu": gate_up_silu,
+    "linear_add_rmsnorm": linear_add_rmsnorm,
 }
 
 

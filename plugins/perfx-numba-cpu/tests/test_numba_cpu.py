@@ -30,6 +30,7 @@ REPLACED = (
     "qkv_proj",
     "gate_up_silu",
     "logits",
+    "linear_add_rmsnorm",
 )
 
 
@@ -110,8 +111,33 @@ def test_fused_gate_up_silu_and_both_thread_modes(plugin_env, monkeypatch, mode)
         np.testing.assert_allclose(full, gate_up, rtol=1e-4, atol=1e-4)
     # The kit again with every kernel that has a parallel and a single-threaded version forced to one.
     assert_backend_conforms(
-        "numpy", ops=["int4_gemv", "int4_gemm", "dense_gemm", "silu_mul", "attention_decode", "gate_up_silu"]
+        "numpy",
+        ops=["int4_gemv", "int4_gemm", "dense_gemm", "silu_mul", "attention_decode", "gate_up_silu"]
+        + ["linear_add_rmsnorm"],
     )
+
+
+@pytest.mark.parametrize("kernel", ["attention_decode", "attention_decode_serial"])
+def test_attention_parts_agree(kernel):
+    """Decode attention split into 2, 3 or 5 parts of the positions (some empty at short contexts) = one part."""
+    from perfx_numba_cpu import kernels
+
+    rng = np.random.default_rng(3)
+    n_heads, n_kv, hd, seq = 6, 2, 16, 40
+    slots, positions = np.array([1, 0], np.int32), np.array([0, 37], np.int32)  # one token of context, and 38
+    qkv = rng.standard_normal((2, (n_heads + 2 * n_kv) * hd)).astype(np.float32)
+    angles = rng.uniform(0, 6.3, (seq, hd // 2))
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    cache = rng.standard_normal((2, 1, 2, n_kv, seq, hd)).astype(np.float32)  # (k or v, layer, slot, ...)
+    results = []
+    for parts in (1, 2, 3, 5):
+        k, v, out = cache[0].copy(), cache[1].copy(), np.full((2, n_heads * hd), np.nan, np.float32)
+        getattr(kernels, kernel)(qkv, k, v, 0, slots, positions, cos, sin, n_heads, n_kv, hd, parts, out)
+        results.append((k, v, out))
+    for k, v, out in results[1:]:
+        np.testing.assert_array_equal(k, results[0][0])
+        np.testing.assert_array_equal(v, results[0][1])
+        np.testing.assert_allclose(out, results[0][2], rtol=1e-5, atol=1e-6)
 
 
 def test_dense_gemv_int8_relayout_is_exact(plugin_env):
