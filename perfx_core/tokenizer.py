@@ -83,8 +83,10 @@ class Tokenizer(ABC):
         user_ids = np.flatnonzero(types == TokenType.USER_DEFINED).tolist()
         self._user_defined_ids = frozenset(user_ids)
         self._special_tokens = _first_id_per_text(vocab.tokens, sorted(self._control_ids | self._user_defined_ids))
-        user_tokens = _first_id_per_text(vocab.tokens, user_ids)
-        self._split_all = _alternation(self._special_tokens)
+        user_tokens = {t: i for t, i in _first_id_per_text(vocab.tokens, user_ids).items() if self._split_user_token(t)}
+        self._split_all = _alternation(
+            t for t, i in self._special_tokens.items() if i in self._control_ids or t in user_tokens
+        )
         self._split_user = _alternation(user_tokens)
 
     # --- what subclasses provide -------------------------------------------------------------------------
@@ -100,6 +102,10 @@ class Tokenizer(ABC):
     @abstractmethod
     def token_to_bytes(self, token_id: int) -> bytes:
         """The bytes one token stands for (control tokens: their text), for streaming decoders."""
+
+    def _split_user_token(self, text: str) -> bool:
+        """Whether the user-defined token `text` is matched here, in the raw text, rather than by the subword model."""
+        return True
 
     # --- public API -------------------------------------------------------------------------------------
 

@@ -1,9 +1,10 @@
 """Byte-level BPE tokenizers (`tokenizer.ggml.model = gpt2`), run by the Hugging Face `tokenizers` library.
 
 GGUF keeps the vocabulary and merges but only a name for the pre-tokenizer (`tokenizer.ggml.pre`), so the
-regular expressions that split text into words before BPE are looked up here by that name. They are the
-ones the original tokenizer.json files use (the `tokenizers` library runs Oniguruma, which understands them
-as written, e.g. `(?i:...)`), listed in the same order as llama.cpp applies them.
+regular expressions that split text into words before BPE, and the normalizer some vocabularies apply first,
+are looked up here by that name. They are the ones the original tokenizer.json files use (the `tokenizers`
+library runs Oniguruma, which understands them as written, e.g. `(?i:...)`), listed in the same order as
+llama.cpp applies them.
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ LLAMA3_NAMES = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3"})
 # even when the merges would not build it (tiktoken's rule, which llama.cpp follows for these names too).
 IGNORE_MERGES = LLAMA3_NAMES
 
+# Qwen2's tokenizer.json (Qwen2, 2.5 and 3) composes the text to NFC before splitting it, so "e" + U+0301 is
+# encoded as "é" is; llama.cpp skips this, the original tokenizer does not.
+NFC_NORMALIZED = frozenset({"qwen2"})
+
 # Llama 3 expects a BOS when the file does not say (`tokenizer.ggml.add_bos_token` absent), as in llama.cpp;
 # other byte-level BPE vocabularies do not.
 ADD_BOS_BY_DEFAULT = LLAMA3_NAMES
@@ -75,7 +80,7 @@ class ByteLevelBPETokenizer(Tokenizer):
 
     def __init__(self, vocab: Vocab, merges: list[tuple[str, str]], pre: str):
         super().__init__(vocab)
-        from tokenizers import Regex, decoders, models, pre_tokenizers
+        from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers
         from tokenizers import Tokenizer as HFTokenizer
 
         regexes = PRE_TOKENIZERS.get(pre)
@@ -97,6 +102,8 @@ class ByteLevelBPETokenizer(Tokenizer):
                 f"GGUF metadata 'tokenizer.ggml.merges' does not fit the vocabulary ({exc}); re-convert the model"
             ) from exc
         self._bpe = HFTokenizer(model)
+        if pre in NFC_NORMALIZED:
+            self._bpe.normalizer = normalizers.NFC()
         split = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes]
         self._bpe.pre_tokenizer = pre_tokenizers.Sequence(
             [*split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]

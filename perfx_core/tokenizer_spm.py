@@ -3,7 +3,8 @@
 GGUF keeps a SentencePiece model's pieces, scores and piece types but not the model file itself, so we
 rebuild its ModelProto: the BPE algorithm, an identity normalizer (Llama's original model has no NFKC
 rules), spaces escaped as "▁", a dummy-prefix space when `tokenizer.ggml.add_space_prefix` says so, and byte
-fallback when the vocabulary has byte pieces.
+fallback when the vocabulary has byte pieces. llama.cpp's converter writes user-defined pieces with real spaces
+(Gemma's runs of spaces are "  ", not "▁▁"); the ModelProto gets them back in SentencePiece's spelling.
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ class SentencePieceTokenizer(Tokenizer):
         vocab = _with_unknown_piece(vocab)
         return cls(vocab, scores, flag(metadata, "tokenizer.ggml.add_space_prefix", True))
 
+    def _split_user_token(self, text: str) -> bool:
+        # SentencePiece matches user-defined pieces in the escaped text, where a typed "▁" is a space too
+        # ("▁ " is the piece "  "): pieces with a space are left to it, which a raw-text match would miss.
+        return " " not in text
+
     def _encode_plain(self, text: str) -> list[int]:
         # Each fragment gets its own dummy prefix, so text after a special token starts with "▁" as in
         # llama.cpp (and as when each chat turn is encoded on its own).
@@ -61,7 +67,7 @@ class SentencePieceTokenizer(Tokenizer):
         text = self._sp.decode(ids)
         # sentencepiece drops the dummy-prefix space at the start of every call; it belongs only at the
         # start of the whole text, so put it back when this run follows rendered text.
-        if not at_start and self._add_space_prefix and self._tokens[ids[0]].startswith(SPACE):
+        if not at_start and self._add_space_prefix and self._sp.id_to_piece(ids[0]).startswith(SPACE):
             text = " " + text
         return text
 
@@ -77,9 +83,9 @@ def build_model_proto(vocab: Vocab, scores: np.ndarray, add_space_prefix: bool):
     from sentencepiece import sentencepiece_model_pb2 as spm
 
     types = vocab.token_types
-    _check_pieces(vocab)
+    pieces = sentencepiece_pieces(vocab)
     proto = spm.ModelProto()
-    for piece, score, kind in zip(vocab.tokens, scores.tolist(), types.tolist(), strict=True):
+    for piece, score, kind in zip(pieces, scores.tolist(), types.tolist(), strict=True):
         proto.pieces.add(piece=piece, score=score, type=kind or TokenType.NORMAL)
 
     trainer = proto.trainer_spec
@@ -124,10 +130,14 @@ def _with_unknown_piece(vocab: Vocab) -> Vocab:
     return replace(vocab, token_types=types)
 
 
-def _check_pieces(vocab: Vocab) -> None:
-    """Raise TokenizerError for what sentencepiece would reject with a less helpful message."""
+def sentencepiece_pieces(vocab: Vocab) -> list[str]:
+    """The pieces as SentencePiece spells them: user-defined ones with their spaces escaped again. Raises
+    TokenizerError for what sentencepiece would reject with a less helpful message."""
+    pieces = list(vocab.tokens)
+    for i in np.flatnonzero(vocab.token_types == TokenType.USER_DEFINED).tolist():
+        pieces[i] = pieces[i].replace(" ", SPACE)
     seen: dict[str, int] = {}
-    for i, piece in enumerate(vocab.tokens):
+    for i, piece in enumerate(pieces):
         if not piece:
             raise TokenizerError(f"GGUF token {i} is an empty string; a SentencePiece piece cannot be empty")
         if piece in seen:
@@ -144,3 +154,4 @@ def _check_pieces(vocab: Vocab) -> None:
             int(piece[3:5], 16)
         except ValueError:
             raise TokenizerError(f"GGUF token {i} has type byte but is {piece!r}, not of the form '<0xAB>'") from None
+    return pieces

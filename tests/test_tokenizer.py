@@ -313,6 +313,30 @@ def test_user_defined_tokens_always_match():
     assert tok.special_tokens == {"<|end|>": 0, "<tool call>": 261}
 
 
+def test_spm_user_defined_spaces_match_escaped_text():
+    """llama.cpp writes user-defined SentencePiece pieces with real spaces (Gemma's "  "); SentencePiece matches
+    them in the escaped text, where a typed "▁" is a space too, longest first."""
+    metadata = _tiny_spm()
+    metadata["tokenizer.ggml.tokens"] = [*metadata["tokenizer.ggml.tokens"], "  ", "   "]
+    metadata["tokenizer.ggml.token_type"] = np.append(metadata["tokenizer.ggml.token_type"], [4, 4]).astype(np.int32)
+    metadata["tokenizer.ggml.scores"] = np.append(metadata["tokenizer.ggml.scores"], [0.0, 0.0]).astype(np.float32)
+    metadata["tokenizer.ggml.add_space_prefix"] = False
+    tok = tokenizer_from_metadata(metadata)
+    assert tok.encode("h  i") == tok.encode("h▁ i") == tok.encode("h▁▁i") == [260, 264, 261]
+    assert tok.encode("h     i") == [260, 265, 264, 261]
+    assert tok.decode([260, 264, 261]) == "h  i"
+    assert tok.token_to_piece(265) == "   "
+
+
+def test_qwen2_composes_to_nfc():
+    """Qwen2's tokenizer.json normalizes to NFC before splitting; other byte-level vocabularies do not."""
+    metadata = _tiny_bpe()
+    metadata["tokenizer.ggml.pre"] = "qwen2"
+    qwen = tokenizer_from_metadata(metadata)
+    assert qwen.encode("cafe\u0301") == qwen.encode("caf\u00e9")
+    assert tokenizer_from_metadata(_tiny_bpe()).encode("cafe\u0301") != qwen.encode("caf\u00e9")
+
+
 def test_tiny_vocabularies_work():
     bpe = tokenizer_from_metadata(_tiny_bpe())
     assert bpe.encode("hello<|end|>", parse_special=True) == [260, 0]

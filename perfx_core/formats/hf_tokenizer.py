@@ -148,33 +148,29 @@ class HFJsonTokenizer(Tokenizer):
 
 
 def metadata_from_sentencepiece(path: Path, config: Mapping[str, Any]) -> dict[str, Any]:
-    """GGUF-style ``tokenizer.ggml.*`` metadata of a SentencePiece ``tokenizer.model`` (as llama.cpp converts it)."""
+    """GGUF-style ``tokenizer.ggml.*`` metadata of a SentencePiece ``tokenizer.model``, in the form llama.cpp's
+    converter writes, with every piece type the model has (user-defined ones too) and its dummy-prefix setting."""
     import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2
 
     sp = spm.SentencePieceProcessor()
     try:
         sp.LoadFromFile(str(path))
     except Exception as e:
         raise TokenizerError(f"cannot read {path}: {e}; re-download the tokenizer") from None
+    # The proto has what the processor's API does not expose: user-defined pieces, which SentencePiece emits
+    # whole, and whether it adds a dummy-prefix space (Gemma's does not).
+    proto = sentencepiece_model_pb2.ModelProto.FromString(sp.serialized_model_proto())
     n = sp.GetPieceSize()
-    types = np.empty(n, np.int32)
-    for i in range(n):
-        types[i] = (
-            TokenType.UNKNOWN
-            if sp.IsUnknown(i)
-            else TokenType.CONTROL
-            if sp.IsControl(i)
-            else TokenType.UNUSED
-            if sp.IsUnused(i)
-            else TokenType.BYTE
-            if sp.IsByte(i)
-            else TokenType.NORMAL
-        )
+    types = np.array([p.type for p in proto.pieces], np.int32)  # the same numbering as TokenType
+    # User-defined pieces as llama.cpp's converter writes them: with real spaces, not "▁".
+    tokens = [p.piece.replace(SPACE, " ") if p.type == TokenType.USER_DEFINED else p.piece for p in proto.pieces]
     meta: dict[str, Any] = {
         "tokenizer.ggml.model": "llama",
-        "tokenizer.ggml.tokens": [sp.IdToPiece(i) for i in range(n)],
-        "tokenizer.ggml.scores": np.array([sp.GetScore(i) for i in range(n)], np.float32),
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.scores": np.array([p.score for p in proto.pieces], np.float32),
         "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.add_space_prefix": bool(proto.normalizer_spec.add_dummy_prefix),
     }
     for key, value in (("bos", sp.bos_id()), ("eos", sp.eos_id()), ("unknown", sp.unk_id()), ("padding", sp.pad_id())):
         if 0 <= value < n:
