@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import httpx
+from bench_serving import wait_until_healthy  # this folder is on sys.path when a script here runs
 
 HELDOUT = Path(__file__).resolve().parents[1] / "perfx_core" / "data" / "heldout.txt"
 
@@ -61,16 +62,8 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
     command += ["--max-running", "2", "--log-level", "warning", *([args.model] if args.model else [])]
     server = subprocess.Popen(command, env=os.environ.copy())
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return server, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    server.kill()
-    raise RuntimeError("the server did not become ready")
+    wait_until_healthy(server, url, 300)
+    return server, url
 
 
 def main(argv=None) -> int:

@@ -310,18 +310,24 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     env = {k: v for k, v in os.environ.items() if k != "PERFX_API_KEY"}
     process = subprocess.Popen(command, env=env)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    wait_until_healthy(process, url, 120)
+    return process, url
+
+
+def wait_until_healthy(process: subprocess.Popen, url: str, timeout_s: float) -> None:
+    """Poll ``url``/health until it answers 200; SystemExit if the server exits or the time runs out."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise SystemExit(f"the server exited with code {process.returncode}")
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return process, url
+                return
         except httpx.TransportError:
             pass
         time.sleep(0.1)
     process.terminate()
-    raise SystemExit("the server did not become healthy within 120 s")
+    raise SystemExit(f"the server did not become healthy within {timeout_s:g} s")
 
 
 def main() -> int:
