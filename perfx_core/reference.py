@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backend import AttentionSpec
+from .specs import AttentionSpec
 from .weights import DenseWeight, Int4Weight, Weight
 
 

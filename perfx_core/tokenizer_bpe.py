@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .errors import TokenizerError
-from .tokenizer import Tokenizer, TokenType, Vocab, read_vocab, string_list
+from .tokenizer_base import Tokenizer, TokenType, Vocab, read_vocab, string_list
 
 GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 LLAMA3 = (

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .errors import TokenizerError
-from .tokenizer import Tokenizer, TokenType, Vocab, flag, numeric_array, read_vocab
+from .tokenizer_base import Tokenizer, TokenType, Vocab, flag, numeric_array, read_vocab
 
 SPACE = "\u2581"  # "▁": SentencePiece's escaped space
 

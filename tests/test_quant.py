@@ -197,7 +197,7 @@ def test_awq_beats_rtn_on_smollm2_blocks(smollm2_path, tmp_path, heldout_ids):
     """The first 3 blocks of SmolLM2 (real weights and activations): AWQ g128 tracks the float model better.
 
     A truncated model's perplexity means nothing, so this measures the error of its logits on held-out text;
-    scripts/awq_vs_rtn.py (and the PERFX_FULL_AWQ test below) measure perplexity on the whole model.
+    benchmarks/awq_vs_rtn.py (and the PERFX_FULL_AWQ test below) measure perplexity on the whole model.
     """
     fp32 = gguf_to_hf(smollm2_path, tmp_path / "fp32", n_layers=3)
     quantize(fp32, tmp_path / "rtn", method="rtn")

@@ -1,4 +1,4 @@
-"""scripts/step_trace: the sitecustomize hook that times a server's scheduler steps, and its summary. It patches
+"""benchmarks/step_trace: the sitecustomize hook that times a server's scheduler steps, and its summary. It patches
 scheduler and runtime methods by name, so a rename there must fail here rather than leave the tool silently
 off (Python only prints a warning when a sitecustomize fails)."""
 
@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("pyopencl", reason="the hook also times the OpenCL runtime's replays")
 
-TRACE_DIR = Path(__file__).resolve().parents[1] / "scripts" / "step_trace"
+TRACE_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "step_trace"
 
 # A scheduler with overlapped output on SmolLM2 (NumPy): two requests, one starting while the other decodes.
 RUN = """

@@ -30,7 +30,7 @@ import numpy as np
 from perfx_core.errors import BackendError
 from perfx_core.settings import cache_dir
 
-from .runtime import FLUSH_EVERY, REPLAY_EARLY_FLUSHES
+from .flush_policy import flushes_after
 
 log = logging.getLogger("perfx.opencl")
 
@@ -73,8 +73,7 @@ class ReplayPlan:
             if local_size is not None:
                 self._local[i, : len(local_size)] = local_size
                 self._has_local[i] = 1
-        index = np.arange(1, n + 1)
-        self._flush_after = ((index % FLUSH_EVERY == 0) | np.isin(index, list(REPLAY_EARLY_FLUSHES))).astype(np.uint8)
+        self._flush_after = np.array([flushes_after(i) for i in range(1, n + 1)], dtype=np.uint8)
         self.job = _Job(
             native.enqueue_address,
             native.flush_address,

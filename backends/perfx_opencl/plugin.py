@@ -9,7 +9,7 @@ from __future__ import annotations
 from perfx_core.hookspecs import hookimpl
 
 from . import ops
-from .runtime import AdrenoBackend, OpenCLBackend
+from .backend import AdrenoBackend, OpenCLBackend
 
 BACKENDS = (OpenCLBackend, AdrenoBackend)
 

@@ -3,13 +3,29 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-if TYPE_CHECKING:
-    from .scheduler import Scheduler
+
+class SchedulerState(Protocol):
+    """What the gauges read from the scheduler they are attached to (serving.scheduler.Scheduler), named here so
+    that the scheduler depends on its metrics and not the other way round."""
+
+    @property
+    def running(self) -> int: ...
+    @property
+    def waiting(self) -> int: ...
+    @property
+    def slots_used(self) -> int: ...
+    @property
+    def n_slots(self) -> int: ...
+    @property
+    def max_batch_size(self) -> int: ...
+    @property
+    def engine(self) -> Any: ...  # its .recordings
+
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 # Fine below 20 ms: a GPU decode step takes 3-10 ms, and the p99 of inter-token gaps is read from these (by
@@ -25,7 +41,7 @@ class ServerMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self._scheduler: Scheduler | None = None
+        self._scheduler: SchedulerState | None = None
         r = self.registry
         self.prompt_tokens = Counter("perfx_prompt_tokens", "Prompt tokens admitted for prefill", registry=r)
         self.prompt_tokens_cached = Counter(
@@ -77,11 +93,11 @@ class ServerMetrics:
             lambda s: s.engine.recordings,
         )
 
-    def _gauge(self, name: str, doc: str, read: Callable[[Scheduler], float]) -> None:
+    def _gauge(self, name: str, doc: str, read: Callable[[SchedulerState], float]) -> None:
         gauge = Gauge(name, doc, registry=self.registry)
         gauge.set_function(lambda: float(read(self._scheduler)) if self._scheduler is not None else 0.0)
 
-    def attach(self, scheduler: Scheduler) -> None:
+    def attach(self, scheduler: SchedulerState) -> None:
         self._scheduler = scheduler
 
     def render(self) -> bytes:

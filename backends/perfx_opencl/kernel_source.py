@@ -1,0 +1,23 @@
+"""Where the OpenCL C sources live and how a kernel file's program text is put together.
+
+At the bottom of the backend's imports: the runtime builds programs from it and the tuning cache hashes it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+KERNEL_DIR = Path(__file__).parent / "kernels"
+# Prepended to every kernel file: the device-wide fence, the add + RMSNorm tail of the matmul kernels, and the
+# int4 weights' group bias.
+KERNEL_PRELUDE = ("device_fence.cl", "add_norm_tail.cl", "int4_bias.cl")
+
+
+def paths(file: str) -> list[Path]:
+    """The files whose text makes up the program of ``kernels/<file>.cl``, in order."""
+    return [KERNEL_DIR / name for name in (*KERNEL_PRELUDE, f"{file}.cl")]
+
+
+def program_source(file: str) -> str:
+    """Kernel file ``file`` behind the shared pieces (text, not #includes: no include path to set)."""
+    return "".join(path.read_text() for path in paths(file))
