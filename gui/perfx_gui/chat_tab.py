@@ -20,7 +20,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from perfx_core import defaults
+
+from .message_view import MessageDelegate
 from .models import ConversationModel
+
+PROFILE_COST = "Times every op of each decoded token; the backend synchronizes after each op, so decoding is slower"
 
 
 class ChatTab(QWidget):
@@ -40,7 +45,8 @@ class ChatTab(QWidget):
         self.conversation = conversation
         self.view = QListView()
         self.view.setModel(conversation)
-        self.view.setWordWrap(True)
+        self.view.setItemDelegate(MessageDelegate(self.view))
+        self.view.setResizeMode(QListView.ResizeMode.Adjust)  # lay messages out again at the new width
         self.view.setSpacing(4)
         self.view.setVerticalScrollMode(QAbstractItemView.ScrollMode.ScrollPerPixel)
         self.view.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
@@ -89,12 +95,15 @@ class ChatTab(QWidget):
         self.system_prompt = QPlainTextEdit()
         self.system_prompt.setPlaceholderText("System prompt (optional)")
         self.system_prompt.setFixedHeight(90)
-        self.temperature = QDoubleSpinBox(minimum=0.0, maximum=2.0, singleStep=0.05, value=0.7, decimals=2)
-        self.top_k = QSpinBox(minimum=0, maximum=1000, value=40)
-        self.top_p = QDoubleSpinBox(minimum=0.0, maximum=1.0, singleStep=0.05, value=0.95, decimals=2)
-        self.max_tokens = QSpinBox(minimum=1, maximum=8192, value=256)
-        self.profile = QCheckBox("Profile ops (live table)")
-        self.profile.setChecked(True)
+        self.temperature = QDoubleSpinBox(
+            minimum=0.0, maximum=2.0, singleStep=0.05, value=defaults.TEMPERATURE, decimals=2
+        )
+        self.top_k = QSpinBox(minimum=0, maximum=1000, value=defaults.TOP_K)
+        self.top_p = QDoubleSpinBox(minimum=0.0, maximum=1.0, singleStep=0.05, value=defaults.TOP_P, decimals=2)
+        self.max_tokens = QSpinBox(minimum=1, maximum=8192, value=defaults.MAX_TOKENS)
+        # Off by default: profiling synchronizes after every op, which slows decoding (docs/gui.md has the cost).
+        self.profile = QCheckBox("Profile ops (live table; slower)")
+        self.profile.setToolTip(PROFILE_COST)
         self.top_k.setToolTip("0 disables top-k")
         settings = QGroupBox("Settings")
         settings_layout = QVBoxLayout(settings)

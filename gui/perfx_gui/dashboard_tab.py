@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QHeaderView, QLabel, QTableView, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QAbstractScrollArea,
+    QGridLayout,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QTableView,
+    QVBoxLayout,
+    QWidget,
+)
 
 from .charts import LineChart
 from .facts import format_bytes
@@ -16,6 +25,12 @@ STAT_LABELS = (
     ("host", "Host memory (RSS)"),
     ("device", "Device memory (peak)"),
     ("finish", "Finish"),
+)
+
+
+PROFILE_OFF = (
+    "Per-op decode profile: off. Turn on “Profile ops” in the Chat tab's settings to time each op "
+    "(decoding runs slower while it is on)."
 )
 
 
@@ -46,12 +61,16 @@ class DashboardTab(QWidget):
         self.op_table.setModel(op_profile)
         self.op_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
         self.op_table.verticalHeader().hide()
-        self.bandwidth = QLabel("Per-op decode profile (enable “Profile ops” in Chat settings)")
+        self.op_table.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 6)
+        # The table is as tall as its rows (the charts give way), so no op hides below a scroll bar.
+        self.op_table.setSizeAdjustPolicy(QAbstractScrollArea.SizeAdjustPolicy.AdjustToContents)
+        self.bandwidth = QLabel(PROFILE_OFF)
+        self.bandwidth.setWordWrap(True)
         layout = QVBoxLayout(self)
         layout.addLayout(grid)
-        layout.addLayout(charts, 3)
+        layout.addLayout(charts, 1)
         layout.addWidget(self.bandwidth)
-        layout.addWidget(self.op_table, 2)
+        layout.addWidget(self.op_table)
 
     def show_stats(self, stats: dict) -> None:
         v = self.values
@@ -61,6 +80,14 @@ class DashboardTab(QWidget):
         v["tokens"].setText(f"{stats['prompt_tokens']} / {stats['generated_tokens']}")
         v["device"].setText(f"{format_bytes(stats['device_bytes'])} ({format_bytes(stats['device_peak_bytes'])})")
         v["finish"].setText(stats.get("finish_reason") or "running…")
+
+    def show_bandwidth(self, bandwidth: str, profiling: bool) -> None:
+        """The line above the op table: whether ops are profiled, and the peak bandwidth "Of peak BW" uses."""
+        if profiling:
+            text = f"Per-op decode profile (decoding runs slower while it is on). Peak bandwidth: {bandwidth}"
+        else:
+            text = f"{PROFILE_OFF} Peak bandwidth: {bandwidth}"
+        self.bandwidth.setText(text)
 
     def show_host_memory(self, rss: int) -> None:
         self.values["host"].setText(format_bytes(rss))

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,7 @@ class ModelFacts:
     device: str
     bandwidth_gbs: float | None
     op_weight_bytes: dict[str, int] = field(default_factory=dict)  # op -> weight bytes read per forward pass
+    bandwidth_note: str = ""  # where bandwidth_gbs comes from, or why there is none
 
     def rows(self) -> list[tuple[str, str]]:
         """(label, value) pairs for the facts table."""
@@ -49,8 +53,12 @@ class ModelFacts:
             ("Context length", f"{self.context_length} (trained: {self.trained_context_length})"),
             ("Backend", self.backend),
             ("Device", self.device),
-            ("Peak bandwidth", f"{self.bandwidth_gbs:.0f} GB/s" if self.bandwidth_gbs else "n/a"),
+            ("Peak bandwidth", self.bandwidth_text()),
         ]
+
+    def bandwidth_text(self) -> str:
+        value = f"{self.bandwidth_gbs:.0f} GB/s" if self.bandwidth_gbs else "n/a"
+        return f"{value} ({self.bandwidth_note})" if self.bandwidth_note else value
 
 
 def parameter_count(config: Any) -> int:
@@ -100,6 +108,12 @@ def model_facts(model: Any) -> ModelFacts:
     except Exception:  # facts are informative only: never fail a load over them
         types, op_bytes = {}, {}
     device = model.runtime.device
+    bandwidth, note = device.bandwidth_gbs, "reported by the backend"
+    if bandwidth is None and device.kind == "cpu":
+        bandwidth, threads = estimate_cpu_bandwidth_gbs()
+        note = f"estimated: a {COPY_BYTES >> 20} MiB memory copy on {threads} threads, read + write"
+    elif bandwidth is None:
+        note = "the backend reports no peak bandwidth for this device"
     return ModelFacts(
         name=str(meta.get("general.name") or Path(model.path).stem),
         path=str(model.path),
@@ -112,9 +126,41 @@ def model_facts(model: Any) -> ModelFacts:
         trained_context_length=model.config.context_length,
         backend=model.backend,
         device=device.name,
-        bandwidth_gbs=device.bandwidth_gbs,
+        bandwidth_gbs=bandwidth,
         op_weight_bytes=op_bytes,
+        bandwidth_note=note,
     )
+
+
+COPY_BYTES = 128 << 20  # larger than most CPUs' last-level cache, so the copy runs from memory
+
+
+@functools.cache
+def estimate_cpu_bandwidth_gbs(nbytes: int = COPY_BYTES, repeats: int = 3) -> tuple[float, int]:
+    """(GB/s, threads) of the fastest of ``repeats`` NumPy copies of ``nbytes``, split over this process's cores.
+
+    CPU backends report no peak bandwidth; a copy that reads and writes memory on every core is a floor for it
+    (about a quarter of a second, once per process). NumPy releases the GIL while it copies.
+    """
+    import numpy as np
+
+    threads = max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+    src = np.ones(nbytes // 8)
+    dst = np.empty_like(src)
+    bounds = np.linspace(0, src.size, threads + 1).astype(int)
+    best = float("inf")
+    for _ in range(repeats):  # the first also faults dst's pages in
+        workers = [
+            threading.Thread(target=np.copyto, args=(dst[a:b], src[a:b]))
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+        ]
+        start = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        best = min(best, time.perf_counter() - start)
+    return 2 * src.nbytes / best / 1e9, threads
 
 
 @dataclass(frozen=True)

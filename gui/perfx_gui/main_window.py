@@ -22,9 +22,9 @@ from PySide6.QtWidgets import (
     QMenu,
     QProgressBar,
     QPushButton,
+    QSizePolicy,
     QTableView,
     QTabWidget,
-    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -36,11 +36,21 @@ from .bench_tab import BenchTab
 from .chat_tab import ChatTab
 from .dashboard_tab import DashboardTab
 from .facts import ModelFacts, op_rows
-from .models import BackendDeviceModel, BenchResultsModel, ConversationModel, FactsModel, OpProfileModel
-from .workers import BenchWorker, GenerationWorker, LoadWorker, Worker, start_in_thread
+from .models import (
+    BackendDeviceModel,
+    BenchResultsModel,
+    ConversationModel,
+    FactsModel,
+    OpProfileModel,
+    format_message_stats,
+    message_stats,
+)
+from .workers import BenchWorker, GenerationWorker, LoadWorker, Worker, thread_for
 
 CONVERSATION_FORMAT = "perfx-conversation"
 MEMORY_SAMPLE_MS = 500
+LIVE_STATS_MS = 200  # how often the streaming reply's elapsed time and speed are redrawn
+CHART_WINDOW_S = 300.0  # both charts show the same, latest five minutes of the session
 
 
 class MainWindow(QMainWindow):
@@ -54,7 +64,7 @@ class MainWindow(QMainWindow):
     ):
         super().__init__()
         self.setWindowTitle("perfx")
-        self.resize(1100, 720)
+        self.resize(1200, 720)
         self.context_length, self.warm_up = context_length, warm_up
         self.model: Any = None  # the loaded perfx_core Model
         self.facts: ModelFacts | None = None
@@ -68,6 +78,9 @@ class MainWindow(QMainWindow):
         self._retired: list[Any] = []  # models replaced while a generation still used them
         self._device_bytes = 0
         self._process = psutil.Process()
+        self._gen_started = 0.0  # time.monotonic() when the current reply was asked for
+        self._gen_stats: dict | None = None  # the current reply's latest stats snapshot
+        self._prefill_plotted = False
 
         self.conversation = ConversationModel(self)
         self.backends = BackendDeviceModel(self)
@@ -105,6 +118,8 @@ class MainWindow(QMainWindow):
         self.memory_timer = QTimer(self)
         self.memory_timer.timeout.connect(self.on_memory_tick)
         self.memory_timer.start(MEMORY_SAMPLE_MS)
+        self.live_timer = QTimer(self)
+        self.live_timer.timeout.connect(self.on_live_tick)
         self._update_state()
 
     # -- construction --------------------------------------------------------------------------------
@@ -113,9 +128,8 @@ class MainWindow(QMainWindow):
         self.model_combo.setMinimumWidth(260)
         self._fill_model_combo(model_path)
         self.model_combo.activated.connect(self.on_model_chosen)
-        self.open_button = QToolButton()
-        self.open_button.setText("Open…")
-        self.open_button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        # A QPushButton with a menu makes room for its arrow; a QToolButton's instant popup draws it over the label.
+        self.open_button = QPushButton("Open…")
         menu = QMenu(self.open_button)
         menu.addAction("GGUF file…", self.on_open_file)
         menu.addAction("Model folder…", self.on_open_folder)
@@ -134,6 +148,8 @@ class MainWindow(QMainWindow):
         self.progress.setMaximumWidth(120)
         self.progress.hide()
         self.phase_label = QLabel("")
+        # Ignored: a long phase text is cut rather than widening the window, which would not shrink back.
+        self.phase_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.cancel_load_button = QPushButton("Cancel")
         self.cancel_load_button.clicked.connect(self.on_cancel_load)
         self.cancel_load_button.hide()
@@ -195,17 +211,25 @@ class MainWindow(QMainWindow):
         c.clear_requested.connect(self.on_clear_requested)
         c.save_requested.connect(self.on_save_requested)
         c.open_requested.connect(self.on_open_requested)
+        c.profile.toggled.connect(self.on_profile_toggled)
         self.bench.run_requested.connect(self.on_bench_run_requested)
         self.bench.cancel_requested.connect(self.on_bench_cancel_requested)
 
     # -- jobs ----------------------------------------------------------------------------------------
     def _start(self, worker: Worker) -> None:
-        thread = start_in_thread(worker)
+        thread = thread_for(worker)
+        thread.finished.connect(self._reap_job)  # queued to this thread: the window lives here
         self._jobs.append((thread, worker))
-        thread.finished.connect(self._reap_jobs)
+        thread.start()
 
-    def _reap_jobs(self) -> None:
-        self._jobs = [(t, w) for t, w in self._jobs if not t.isFinished()]
+    def _reap_job(self) -> None:
+        thread = self.sender()
+        if not isinstance(thread, QThread):
+            return  # the window has closed and dropped its jobs
+        # QThread.finished is emitted just before the thread ends (isFinished() may still be False):
+        # wait out that last instant, so the QThread is not dropped while its thread still runs.
+        thread.wait()
+        self._jobs = [(t, w) for t, w in self._jobs if t is not thread]
 
     @property
     def loading(self) -> bool:
@@ -269,9 +293,10 @@ class MainWindow(QMainWindow):
         self._select_model_path(str(model.path))
         elapsed = time.monotonic() - self._load_started
         self.phase_label.setText("")
-        self.statusBar().showMessage(f"Loaded {facts.name} on {facts.backend} ({facts.device}) in {elapsed:.1f} s")
-        bw = f"{facts.bandwidth_gbs:.0f} GB/s" if facts.bandwidth_gbs else "n/a"
-        self.dashboard.bandwidth.setText(f"Per-op decode profile — device peak bandwidth: {bw}")
+        self.statusBar().showMessage(
+            f"Loaded {Path(facts.path).name} on {facts.backend} ({facts.device}) in {elapsed:.1f} s"
+        )
+        self.dashboard.show_bandwidth(facts.bandwidth_text(), self.chat.profile.isChecked())
         self._update_state()
 
     def on_load_failed(self, worker: LoadWorker, reason: str, out_of_memory: bool) -> None:
@@ -366,7 +391,7 @@ class MainWindow(QMainWindow):
         self._start_generation(**overrides)
 
     def _start_generation(self, **overrides: Any) -> None:
-        messages = self.conversation.messages()
+        messages = self.conversation.chat_messages()
         system = self.chat.system_prompt.toPlainText().strip()
         if system:
             messages.insert(0, {"role": "system", "content": system})
@@ -378,9 +403,27 @@ class MainWindow(QMainWindow):
         worker.generation_finished.connect(self.on_generation_finished)
         worker.generation_failed.connect(self.on_generation_failed)
         self._gen_worker = worker
+        self._gen_started, self._gen_stats, self._prefill_plotted = time.monotonic(), None, False
+        for name in ("decode", "prefill"):  # this reply's line and legend start afresh
+            self.dashboard.speed_chart.break_series(name)
+        if self.facts is not None:
+            self.dashboard.show_bandwidth(self.facts.bandwidth_text(), worker.profile)
         self._start(worker)
-        self.statusBar().showMessage("Generating…")
+        self.live_timer.start(LIVE_STATS_MS)
+        self.on_live_tick()
         self._update_state()
+
+    def on_live_tick(self) -> None:
+        """Redraw the streaming reply's stats (elapsed time runs on between the worker's snapshots)."""
+        if self._gen_worker is None:
+            return
+        elapsed = time.monotonic() - self._gen_started
+        if self._gen_stats is None:
+            self.statusBar().showMessage(f"Generating… {elapsed:.1f} s (reading the prompt)")
+            return
+        stats = message_stats(self._gen_stats, elapsed)
+        self.conversation.set_last_stats(stats)
+        self.statusBar().showMessage(f"Generating… {format_message_stats(stats)}")
 
     def on_token_generated(self, worker: GenerationWorker, text: str) -> None:
         if worker is self._gen_worker:
@@ -389,10 +432,17 @@ class MainWindow(QMainWindow):
     def on_stats_updated(self, worker: GenerationWorker, stats: dict) -> None:
         if worker is not self._gen_worker:
             return
+        self._gen_stats = stats
         self.dashboard.show_stats(stats)
         now = time.monotonic() - self.session_start
+        chart = self.dashboard.speed_chart
+        if stats["prefill_tokens_per_s"] and not self._prefill_plotted:
+            # at the moment prefill ended: where this reply's decode line begins
+            prefilled = self._gen_started - self.session_start + (stats["time_to_first_token_s"] or 0.0)
+            chart.add_point("prefill", min(prefilled, now), stats["prefill_tokens_per_s"])
+            self._prefill_plotted = True
         if stats["decode_tokens_per_s"]:
-            self.dashboard.speed_chart.add_point("decode", now, stats["decode_tokens_per_s"])
+            chart.add_point("decode", now, stats["decode_tokens_per_s"])
         self._device_bytes = stats["device_bytes"]
         if stats["op_profile"] and self.facts is not None:
             rows = op_rows(
@@ -404,10 +454,9 @@ class MainWindow(QMainWindow):
         if worker is not self._gen_worker:
             return
         self.on_stats_updated(worker, stats)
-        if stats["prefill_tokens_per_s"]:
-            self.dashboard.speed_chart.add_point(
-                "prefill", time.monotonic() - self.session_start, stats["prefill_tokens_per_s"]
-            )
+        if stats["generated_tokens"]:
+            self.conversation.set_last_stats(message_stats(stats, time.monotonic() - self._gen_started))
+        self._update_time_range()
         self._end_generation()
         self.statusBar().showMessage(
             f"{stats['generated_tokens']} tokens, {stats['decode_tokens_per_s']:.2f} tok/s decode, "
@@ -417,6 +466,9 @@ class MainWindow(QMainWindow):
     def on_generation_failed(self, worker: GenerationWorker, reason: str) -> None:
         if worker is not self._gen_worker:
             return
+        if self._gen_stats is not None:  # what streamed before the failure keeps its stats, marked as failed
+            failed = {**self._gen_stats, "finish_reason": "error"}
+            self.conversation.set_last_stats(message_stats(failed, time.monotonic() - self._gen_started))
         self._end_generation()
         self.banner_label.setText(f"Generation failed: {reason}")
         self.fallback_button.hide()
@@ -424,8 +476,9 @@ class MainWindow(QMainWindow):
 
     def _end_generation(self) -> None:
         self._gen_worker = None
+        self.live_timer.stop()
         last = self.conversation.rowCount() - 1
-        if last >= 0 and self.conversation.messages()[last] == {"role": "assistant", "content": ""}:
+        if last >= 0 and self.conversation.chat_messages()[last] == {"role": "assistant", "content": ""}:
             self.conversation.truncate(last)  # nothing was generated: do not keep an empty reply
         for old in self._retired:
             old.close()
@@ -512,6 +565,10 @@ class MainWindow(QMainWindow):
         return True
 
     # -- dashboard -----------------------------------------------------------------------------------
+    def on_profile_toggled(self, on: bool) -> None:
+        """Takes effect from the next reply (a running one keeps its setting)."""
+        self.dashboard.show_bandwidth(self.facts.bandwidth_text() if self.facts else "n/a", on)
+
     def on_memory_tick(self) -> None:
         try:
             rss = self._process.memory_info().rss
@@ -521,6 +578,14 @@ class MainWindow(QMainWindow):
         self.dashboard.memory_chart.add_point("host RSS", now, rss / 2**20)
         self.dashboard.memory_chart.add_point("device", now, self._device_bytes / 2**20)
         self.dashboard.show_host_memory(rss)
+        self._update_time_range()
+
+    def _update_time_range(self) -> None:
+        """Give both charts the same time axis: the latest CHART_WINDOW_S seconds of the session."""
+        now = time.monotonic() - self.session_start
+        start = max(0.0, now - CHART_WINDOW_S)
+        for chart in (self.dashboard.speed_chart, self.dashboard.memory_chart):
+            chart.set_time_range(start, now)
 
     # -- benchmark -----------------------------------------------------------------------------------
     def on_bench_run_requested(self, targets: list, settings: dict) -> None:
@@ -561,6 +626,7 @@ class MainWindow(QMainWindow):
     # -- shutdown ------------------------------------------------------------------------------------
     def closeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
         self.memory_timer.stop()
+        self.live_timer.stop()
         for _thread, worker in self._jobs:
             worker.cancel()
         for thread, _ in self._jobs:

@@ -14,13 +14,15 @@ ROLE_COLORS = {"user": "#e8f0fe", "assistant": "#f1f3f4", "system": "#fff8e1"}
 
 
 class ConversationModel(QAbstractListModel):
-    """The chat messages ({'role', 'content'}); the last assistant message grows as tokens stream in."""
+    """The chat messages ({'role', 'content'}, and 'stats' on an assistant reply); the last reply grows as tokens
+    stream in, and its stats (see ``message_stats``) are updated live."""
 
     MessageRole = Qt.ItemDataRole.UserRole + 1
+    StatsRole = Qt.ItemDataRole.UserRole + 2
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        self._messages: list[dict[str, str]] = []
+        self._messages: list[dict[str, Any]] = []
 
     def rowCount(self, parent=QModelIndex()) -> int:  # noqa: B008 (Qt's signature)
         return 0 if parent.isValid() else len(self._messages)
@@ -36,14 +38,26 @@ class ConversationModel(QAbstractListModel):
             return QBrush(QColor(ROLE_COLORS.get(message["role"], "#ffffff")))
         if role == self.MessageRole:
             return dict(message)
+        if role == self.StatsRole:
+            return dict(message["stats"]) if "stats" in message else None
         return None
 
-    def messages(self) -> list[dict[str, str]]:
-        return [dict(m) for m in self._messages]
+    def messages(self) -> list[dict[str, Any]]:
+        """Every message as stored (with its stats), e.g. to save the conversation."""
+        return [_copy_message(m) for m in self._messages]
 
-    def set_messages(self, messages: list[dict[str, str]]) -> None:
+    def chat_messages(self) -> list[dict[str, str]]:
+        """{'role', 'content'} only: what the model's chat template is given."""
+        return [{"role": m["role"], "content": m["content"]} for m in self._messages]
+
+    def set_messages(self, messages: list[dict[str, Any]]) -> None:
         self.beginResetModel()
-        self._messages = [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
+        self._messages = []
+        for m in messages:
+            message: dict[str, Any] = {"role": str(m["role"]), "content": str(m["content"])}
+            if isinstance(m.get("stats"), dict):
+                message["stats"] = dict(m["stats"])
+            self._messages.append(message)
         self.endResetModel()
 
     def append(self, role: str, content: str = "") -> None:
@@ -58,6 +72,14 @@ class ConversationModel(QAbstractListModel):
         self._messages[-1]["content"] += text
         index = self.index(len(self._messages) - 1)
         self.dataChanged.emit(index, index, [Qt.ItemDataRole.DisplayRole])
+
+    def set_last_stats(self, stats: dict[str, Any]) -> None:
+        """Replace the stats of the last message (the reply being generated, or the one just finished)."""
+        if not self._messages:
+            return
+        self._messages[-1]["stats"] = dict(stats)
+        index = self.index(len(self._messages) - 1)
+        self.dataChanged.emit(index, index, [self.StatsRole])
 
     def truncate(self, n: int) -> None:
         """Keep the first ``n`` messages."""
@@ -75,6 +97,41 @@ class ConversationModel(QAbstractListModel):
 
     def as_text(self) -> str:
         return "\n\n".join(f"{m['role'].capitalize()}: {m['content']}" for m in self._messages)
+
+
+def _copy_message(message: dict[str, Any]) -> dict[str, Any]:
+    copy = dict(message)
+    if "stats" in copy:
+        copy["stats"] = dict(copy["stats"])
+    return copy
+
+
+def message_stats(stats: dict[str, Any], elapsed_s: float) -> dict[str, Any]:
+    """The stats kept with a reply, from a generation worker's snapshot (finish_reason is "" while it runs)."""
+    return {
+        "tokens": int(stats["generated_tokens"]),
+        "tokens_per_s": float(stats["decode_tokens_per_s"] or 0.0),
+        "time_to_first_token_s": float(stats["time_to_first_token_s"] or 0.0),
+        "elapsed_s": float(elapsed_s),
+        "finish_reason": str(stats.get("finish_reason") or ""),
+    }
+
+
+# finish_reason values, and "error" for a reply cut short by a failure
+STOP_REASONS = {"stop": "end of turn", "length": "max tokens", "cancelled": "stopped", "error": "error"}
+
+
+def format_message_stats(stats: dict[str, Any] | None) -> str:
+    """One line under a reply: tokens, speed, first-token time and why it stopped (or that it is running)."""
+    if not stats:
+        return ""
+    parts = [f"{stats['tokens']} tokens", f"{stats['tokens_per_s']:.1f} tok/s"]
+    if stats.get("time_to_first_token_s"):
+        parts.append(f"first token {stats['time_to_first_token_s']:.2f} s")
+    parts.append(f"{stats['elapsed_s']:.1f} s")
+    reason = stats.get("finish_reason")
+    parts.append(f"stop reason: {STOP_REASONS.get(reason, reason)}" if reason else "generating…")
+    return " · ".join(parts)
 
 
 @dataclass(frozen=True)

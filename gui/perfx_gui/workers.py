@@ -1,7 +1,7 @@
 """Workers for long jobs (loading, generating, benchmarking): QObjects moved to their own QThread.
 
 They talk to the window only through signals named after events, and check a cancel flag between steps
-(between tokens while generating). ``start_in_thread`` gives each job a thread that quits when it is done.
+(between tokens while generating). ``thread_for`` gives each job a thread that quits when it is done.
 """
 
 from __future__ import annotations
@@ -57,13 +57,15 @@ class Worker(QObject):
         raise NotImplementedError
 
 
-def start_in_thread(worker: Worker) -> QThread:
-    """Move ``worker`` to a new QThread and start it; the thread quits when the worker is done."""
+def thread_for(worker: Worker) -> QThread:
+    """A new QThread, not yet started, that runs ``worker`` and quits when the worker is done.
+
+    Connect to its ``finished`` signal before starting it, so that a job that ends at once is still seen.
+    """
     thread = QThread()
     worker.moveToThread(thread)
     thread.started.connect(worker.run)
     worker.done.connect(thread.quit, Qt.ConnectionType.DirectConnection)  # quits even while the UI waits
-    thread.start()
     return thread
 
 
@@ -126,7 +128,7 @@ class GenerationWorker(Worker):
     generation_finished = Signal(object, dict)
     generation_failed = Signal(object, str)
 
-    def __init__(self, model: Any, messages: list[dict], sampling: dict, profile: bool = True):
+    def __init__(self, model: Any, messages: list[dict], sampling: dict, profile: bool = False):
         super().__init__()
         self.model, self.messages, self.sampling, self.profile = model, messages, sampling, profile
         self._profiling = False
