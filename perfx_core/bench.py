@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from . import progress
 from .errors import InvalidArgumentError
 from .measure import peak_host_bytes
 
@@ -80,11 +81,22 @@ def run_bench(
         rng = np.random.default_rng(seed)
         prompt = rng.integers(0, model.config.vocab_size, size=prompt_tokens).tolist()
 
-        warm_start = time.perf_counter()
+        warm_start = progress.begin("warming up (first calls build kernels and weight layouts)")
         _timed_run(engine, prompt[: min(prompt_tokens, 16)], 3, profile=False)
         warmup_s = time.perf_counter() - warm_start
+        progress.end("warmed up", warm_start)
         load_stats = dict(getattr(engine.rt, "load_stats", {}))  # the backend's share of load_s and warmup_s
-        runs = [_timed_run(engine, prompt, gen_tokens, profile) for _ in range(repeat)]
+        runs = []
+        for i in range(repeat):
+            runs.append(_timed_run(engine, prompt, gen_tokens, profile))
+            decode = runs[-1]["decode_tokens_per_s"]
+            progress.log.info(
+                "run %d/%d: prefill %.1f tok/s, decode %s tok/s",
+                i + 1,
+                repeat,
+                runs[-1]["prefill_tokens_per_s"],
+                "n/a" if decode is None else f"{decode:.1f}",
+            )
 
         def median(key: str) -> float | None:
             values = [r[key] for r in runs if r[key] is not None]

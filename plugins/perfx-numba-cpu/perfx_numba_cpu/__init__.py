@@ -32,6 +32,7 @@ from perfx_core.hookspecs import hookimpl
 from perfx_core.ops import generic_gate_up_silu
 from perfx_core.weights import DenseWeight, Int4Weight
 
+from . import compile_notice  # noqa: F401  (announces a first compile)
 from . import kernels as K
 
 PRIORITY = 20  # above the NumPy backend (0) and perfx-lowmem-int4 (10)
