@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+# The layer shapes ops take, part of this contract (defined apart so the NumPy reference needs no backend).
+from .specs import AttentionSpec as AttentionSpec
+from .specs import KVCacheSpec
 from .weights import Weight
 
 if TYPE_CHECKING:
@@ -30,60 +33,6 @@ class DeviceInfo:
     memory_bytes: int | None = None
     bandwidth_gbs: float | None = None  # peak memory bandwidth, when known (for achieved-GB/s views)
     details: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class KVCacheSpec:
-    n_layers: int
-    n_slots: int  # one slot per concurrently running sequence
-    max_seq_len: int
-    n_kv_heads: int
-    head_dim: int
-    dtype: str = "float32"  # "float32" or "float16"
-
-    @property
-    def shape(self) -> tuple[int, int, int, int, int]:
-        """Canonical layout used by Runtime.kv_cache_to_numpy: (layer, slot, kv_head, position, head_dim)."""
-        return (self.n_layers, self.n_slots, self.n_kv_heads, self.max_seq_len, self.head_dim)
-
-    @property
-    def nbytes(self) -> int:
-        return 2 * int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
-
-
-@dataclass(frozen=True)
-class AttentionSpec:
-    """Head layout of one attention layer; a fused qkv row is [q (n_heads*hd) | k (n_kv*hd) | v (n_kv*hd)]."""
-
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    # What the families beyond Llama add (an attention op declares which it implements: OpTable.features):
-    window: int | None = None  # a query sees at most this many positions, itself included
-    softcap: float | None = None  # scores s become softcap * tanh(s / softcap)
-    scale: float | None = None  # multiplier of q.k; None: 1/sqrt(head_dim)
-
-    @property
-    def features(self) -> frozenset[str]:
-        """The optional attention features this layer uses."""
-        used = {"window": self.window is not None, "softcap": self.softcap is not None, "scale": self.scale is not None}
-        return frozenset(name for name, on in used.items() if on)
-
-    @property
-    def score_scale(self) -> float:
-        return self.scale if self.scale is not None else 1.0 / float(np.sqrt(self.head_dim))
-
-    @property
-    def q_dim(self) -> int:
-        return self.n_heads * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        return self.n_kv_heads * self.head_dim
-
-    @property
-    def qkv_dim(self) -> int:
-        return self.q_dim + 2 * self.kv_dim
 
 
 @dataclass
@@ -106,6 +55,9 @@ class Runtime(ABC):
     ops: OpTable
     # The KV-cache dtype a model gets when its caller names none ("float32" or "float16", KVCacheSpec.dtype).
     default_kv_dtype: str = "float32"
+    # File block formats (BlockWeight.block_format) that prepare_weight converts itself, on the device;
+    # weights in any other block format reach it converted to Int4Weight by the host.
+    block_formats: frozenset[str] = frozenset()
 
     # -- memory ----------------------------------------------------------------------------------------
     @abstractmethod
@@ -144,6 +96,15 @@ class Runtime(ABC):
     @abstractmethod
     def kv_cache_from_numpy(self, cache: Any, k: np.ndarray, v: np.ndarray) -> None:
         """Overwrite the whole cache from host arrays in the canonical layout."""
+
+    def copy_kv_prefix(self, cache: Any, src_slot: int, dst_slot: int, length: int) -> None:
+        """Copy k and v of positions 0..length-1, every layer and head, from one slot of ``cache`` to another,
+        in order with the work queued before. This default goes through the host with the whole cache; the
+        built-in runtimes copy on the device."""
+        k, v = self.kv_cache_to_numpy(cache)
+        for array in (k, v):
+            array[:, dst_slot, :, :length] = array[:, src_slot, :, :length]
+        self.kv_cache_from_numpy(cache, k, v)
 
     # -- memory accounting (shared by every runtime) ------------------------------------------------------
     _allocated = 0

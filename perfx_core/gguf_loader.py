@@ -1,9 +1,10 @@
 """Load a Llama-family GGUF (llama.cpp's layout) into perfx's LlamaConfig and LlamaWeights.
 
 Tensor types map onto perfx's two formats without extra loss where one exists: F32/F16 stay dense, BF16 and
-Q8_0 widen exactly to float32, Q4_0/Q4_1 become int4 group-32 weights bit for bit. Anything else (K-quants,
-IQ types, Q5_*) is dequantized and re-quantized to int4, with a warning. llama.cpp's converter reorders the
-rows of attn_q/attn_k for its interleaved RoPE; perfx uses rotate-half RoPE, so that reordering is undone here.
+Q8_0 widen exactly to float32, Q4_0/Q4_1 become int4 group-32 weights bit for bit and Q4_K int4 group 32 with
+its codes as stored. Other types (Q5_*, Q6_K, IQ types) widen to float16, with a warning. llama.cpp's converter
+reorders the rows of attn_q/attn_k for its interleaved RoPE; perfx uses rotate-half RoPE, so that reordering is
+undone here, while converting (gguf_blocks.py does the block decoding).
 """
 
 from __future__ import annotations
@@ -17,32 +18,34 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, Keys
+from gguf import GGMLQuantizationType, Keys
 from gguf import quants as gguf_quants
 
 from .architectures import family_for_gguf, family_named
 from .architectures.base import OPTIONAL_TENSORS, expected_shapes, optional_tensors
 from .config import ConfigCheck, LayerWeights, LlamaConfig, LlamaWeights, RopeScaling, config_from_values, show
 from .errors import ModelFormatError
+from .gguf_blocks import bf16_to_f32, convert_rows, dequantize_f16, q4_decoder, q4_k_decode, q8_0_to_f32
 from .gguf_file import GGUFFile, TensorInfo, read_gguf
-from .weights import DenseWeight, Int4Weight, Weight, quantize_rtn, take_rows
+from .weights import BlockWeight, DenseWeight, Int4Weight, Weight, take_rows
 
-_CHUNK_ELEMENTS = 1 << 20  # convert ~1M elements at a time so temporaries stay small next to the result
 _IGNORED_TENSORS = re.compile(r"rope_freqs\.weight|blk\.\d+\.attn_rot_embd")  # read separately or unused
 
-_Q4 = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
 _FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
 
 
-def load_llama_gguf(source: str | os.PathLike[str] | GGUFFile) -> tuple[LlamaConfig, LlamaWeights, GGUFFile]:
+def load_llama_gguf(
+    source: str | os.PathLike[str] | GGUFFile, keep_blocks: frozenset[str] = frozenset()
+) -> tuple[LlamaConfig, LlamaWeights, GGUFFile]:
     """Read a GGUF of any family perfx runs: its config, its weights in perfx formats (q/k rows in HF order),
-    and the parsed file."""
+    and the parsed file. Matrices of a type named in ``keep_blocks`` (``Runtime.block_formats``) stay the
+    file's blocks (BlockWeight), for a runtime that converts them itself."""
     gf = source if isinstance(source, GGUFFile) else read_gguf(source)
     if gf.data_offset is None:
         raise ModelFormatError(f"{gf.path} was read with tensors=False; pass the path or read_gguf(path) instead")
     config = read_llama_config(gf)
     check_tensor_names(gf, config)  # before converting anything, so a wrong file fails at once
-    loader = TensorLoader(gf)
+    loader = TensorLoader(gf, keep_blocks)
     family = family_named(config.arch)
 
     q_order = hf_row_order(config.n_heads, config.head_dim) if family.gguf_permuted_qk else None
@@ -59,14 +62,15 @@ def load_llama_gguf(source: str | os.PathLike[str] | GGUFFile) -> tuple[LlamaCon
             wq, wk, wv = (take_rows(qkv, np.arange(a, b)) for a, b in _bounds(q_dim, kv_dim, kv_dim))
             w_gate, w_up = (take_rows(gate_up, np.arange(a, b)) for a, b in _bounds(ffn, ffn))
         else:
-            wq = loader.matrix(p + "attn_q.weight", (q_dim, dim))
-            wk = loader.matrix(p + "attn_k.weight", (kv_dim, dim))
+            wq = loader.matrix(p + "attn_q.weight", (q_dim, dim), q_order)
+            wk = loader.matrix(p + "attn_k.weight", (kv_dim, dim), k_order)
             wv = loader.matrix(p + "attn_v.weight", (kv_dim, dim))
             w_gate = loader.matrix(p + "ffn_gate.weight", (ffn, dim))
             w_up = loader.matrix(p + "ffn_up.weight", (ffn, dim))
         extra = {name: loader.vector(p + gguf, shapes[name][0]) for name, gguf in optional.items()}
         if q_order is not None:
-            wq, wk = take_rows(wq, q_order), take_rows(wk, k_order)
+            if family.fused:
+                wq, wk = take_rows(wq, q_order), take_rows(wk, k_order)
             for name, order in (("bq", q_order), ("bk", k_order)):
                 if name in extra:
                     extra[name] = extra[name][order]
@@ -94,7 +98,7 @@ def load_llama_gguf(source: str | os.PathLike[str] | GGUFFile) -> tuple[LlamaCon
             else "rope_freqs.weight is present; it matches the Llama-3 rope scaling given by the metadata keys, "
             "which perfx uses"
         )
-    weights.notes.extend(loader.requantize_notes())
+    weights.notes.extend(loader.widen_notes())
     return config, weights, gf
 
 
@@ -407,11 +411,12 @@ def hf_row_order(n_heads: int, head_dim: int) -> np.ndarray:
 
 
 class TensorLoader:
-    """Converts tensors of one GGUFFile into perfx formats, recording which types it had to re-quantize."""
+    """Converts tensors of one GGUFFile into perfx formats, recording which types it had to widen."""
 
-    def __init__(self, gf: GGUFFile):
+    def __init__(self, gf: GGUFFile, keep_blocks: frozenset[str] = frozenset()):
         self.gf = gf
-        self.requantized: dict[GGMLQuantizationType, list[int]] = defaultdict(list)  # type -> group sizes used
+        self.keep_blocks = keep_blocks
+        self.widened: dict[GGMLQuantizationType, int] = defaultdict(int)  # type -> tensors widened to float16
 
     def info(self, name: str, shape: tuple[int, ...]) -> TensorInfo:
         info = self.gf.tensors.get(name)
@@ -424,79 +429,68 @@ class TensorLoader:
     def vector(self, name: str, length: int) -> np.ndarray:
         return _floats(self.gf, self.info(name, (length,)))
 
-    def matrix(self, name: str, shape: tuple[int, int]) -> Weight:
+    def matrix(self, name: str, shape: tuple[int, int], order: np.ndarray | None = None) -> Weight:
+        """Tensor ``name`` in a perfx format; with ``order``, output row r is the file's row ``order[r]``."""
         info = self.info(name, shape)
         t = info.ggml_type
         raw = self.gf.tensor_data(name)
-        if t == GGMLQuantizationType.F32:
-            return DenseWeight(np.array(raw, dtype=np.float32))
-        if t == GGMLQuantizationType.F16:
-            return DenseWeight(np.array(raw, dtype=np.float16))
-        if t == GGMLQuantizationType.BF16:
-            return DenseWeight(_convert_rows(raw, shape, np.float32, _bf16_to_f32))
-        if t == GGMLQuantizationType.Q8_0:
-            return DenseWeight(_convert_rows(raw, shape, np.float32, _q8_0_to_f32))
-        if t in _Q4:
-            return _q4_to_int4(raw, shape, t)
-        if t == GGMLQuantizationType.Q4_K:
-            return _q4_k_to_int4(raw, shape)
-        return self.widen(info, raw)
+        rows, cols = shape
+        if t in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            dtype = np.float32 if t == GGMLQuantizationType.F32 else np.float16
+            return DenseWeight(np.array(raw if order is None else raw[order], dtype=dtype))
+        if t in _INT4_DECODERS:
 
-    def widen(self, info: TensorInfo, raw: np.ndarray) -> DenseWeight:
+            def as_int4() -> Int4Weight:
+                groups = cols // 32
+                out = (np.empty((rows, cols // 2), np.uint8), np.empty((rows, groups), np.float16))
+                out += (np.empty((rows, groups), np.float32),)
+                return Int4Weight(*convert_rows(raw, cols, out, _INT4_DECODERS[t], order), 32)
+
+            if t.name.lower() in self.keep_blocks:
+                blocks = raw if order is None else np.take(raw, order, axis=0)
+                return BlockWeight((blocks,), t.name.lower(), cols, as_int4)
+            return as_int4()
+        if t in _F32_DECODERS:
+            (data,) = convert_rows(raw, cols, (np.empty(shape, np.float32),), _F32_DECODERS[t], order)
+            return DenseWeight(data)
+        return self.widen(info, raw, order)
+
+    def widen(self, info: TensorInfo, raw: np.ndarray, order: np.ndarray | None) -> DenseWeight:
         """A type perfx has no kernels for yet, dequantized to float16: within float16 rounding of the file's
         values (a re-quantization to int4 would lose far more), at 2 bytes per weight."""
-        rows, cols = info.shape
-        out = np.empty((rows, cols), np.float16)
-        for rs in _row_chunks(rows, cols):
-            try:
-                out[rs] = gguf_quants.dequantize(np.asarray(raw[rs]), info.ggml_type)
-            except NotImplementedError:  # types gguf cannot dequantize (integer tensors, F64, new types)
-                raise ModelFormatError(
-                    f"{self.gf.path}: tensor {info.name!r} has type {info.ggml_type.name}, which perfx cannot "
-                    "convert; use a GGUF quantized to Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0, F16 or BF16"
-                ) from None
-        self.requantized[info.ggml_type].append(0)
-        return DenseWeight(out)
+        try:
+            (data,) = convert_rows(
+                raw, info.shape[1], (np.empty(info.shape, np.float16),), dequantize_f16(info.ggml_type), order
+            )
+        except NotImplementedError:  # types gguf cannot dequantize (integer tensors, F64, new types)
+            raise ModelFormatError(
+                f"{self.gf.path}: tensor {info.name!r} has type {info.ggml_type.name}, which perfx cannot "
+                "convert; use a GGUF quantized to Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0, F16 or BF16"
+            ) from None
+        self.widened[info.ggml_type] += 1
+        return DenseWeight(data)
 
-    def requantize(self, info: TensorInfo, raw: np.ndarray) -> Int4Weight:
-        rows, cols = info.shape
-        group = next((g for g in (128, 64, 32) if cols % g == 0), None)
-        unsupported = ModelFormatError(
-            f"{self.gf.path}: tensor {info.name!r} has type {info.ggml_type.name} and {cols} columns, which "
-            "perfx cannot convert; use a GGUF quantized to Q4_0, Q4_1, Q8_0, F16 or a K-quant"
-        )
-        if group is None:
-            raise unsupported
-        packed = np.empty((rows, cols // 2), np.uint8)
-        scale = np.empty((rows, cols // group), np.float16)
-        bias = np.empty((rows, cols // group), np.float32)
-        for rs in _row_chunks(rows, cols):
-            try:
-                w = quantize_rtn(gguf_quants.dequantize(np.asarray(raw[rs]), info.ggml_type), group_size=group)
-            except NotImplementedError:  # types gguf cannot dequantize (integer tensors, F64, new types)
-                raise unsupported from None
-            packed[rs], scale[rs], bias[rs] = w.packed, w.scale, w.bias
-        self.requantized[info.ggml_type].append(group)
-        return Int4Weight(packed, scale, bias, group)
-
-    def requantize_notes(self) -> list[str]:
+    def widen_notes(self) -> list[str]:
         notes = []
-        for t, groups in self.requantized.items():
-            if all(g == 0 for g in groups):
-                msg = (
-                    f"{len(groups)} {t.name} tensors were widened to float16 (2 bytes per weight, within float16 "
-                    f"rounding of the file's values): perfx has no {t.name} kernels yet"
-                )
-            else:
-                sizes = "/".join(str(g) for g in sorted(set(groups), reverse=True))
-                msg = (
-                    f"{len(groups)} {t.name} tensors were dequantized and re-quantized to int4 (round-to-nearest, "
-                    f"group {sizes}); perfx has no {t.name} kernels, so expect a small extra quantization loss. "
-                    "A Q4_0/Q4_1 GGUF loads without it"
-                )
+        for t, count in self.widened.items():
+            msg = (
+                f"{count} {t.name} tensors were widened to float16 (2 bytes per weight, within float16 "
+                f"rounding of the file's values): perfx has no {t.name} kernels yet"
+            )
             warnings.warn(msg, stacklevel=3)
             notes.append(msg)
         return notes
+
+
+_INT4_DECODERS = {
+    GGMLQuantizationType.Q4_0: q4_decoder(GGMLQuantizationType.Q4_0),
+    GGMLQuantizationType.Q4_1: q4_decoder(GGMLQuantizationType.Q4_1),
+    GGMLQuantizationType.Q4_K: q4_k_decode,
+}
+_F32_DECODERS = {
+    GGMLQuantizationType.BF16: lambda bits: (bf16_to_f32(bits),),
+    GGMLQuantizationType.Q8_0: lambda blocks: (q8_0_to_f32(blocks),),
+}
 
 
 def _floats(gf: GGUFFile, info: TensorInfo) -> np.ndarray:
@@ -505,7 +499,7 @@ def _floats(gf: GGUFFile, info: TensorInfo) -> np.ndarray:
     if info.ggml_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
         return np.array(raw, dtype=np.float32)
     if info.ggml_type == GGMLQuantizationType.BF16:
-        return _bf16_to_f32(np.asarray(raw))
+        return bf16_to_f32(np.asarray(raw))
     try:
         return np.asarray(gguf_quants.dequantize(np.asarray(raw), info.ggml_type), dtype=np.float32).reshape(info.shape)
     except NotImplementedError:
@@ -513,98 +507,6 @@ def _floats(gf: GGUFFile, info: TensorInfo) -> np.ndarray:
             f"{gf.path}: tensor {info.name!r} has type {info.ggml_type.name}, which perfx cannot read as floats; "
             "re-convert the model"
         ) from None
-
-
-def _row_chunks(rows: int, cols: int) -> Iterator[slice]:
-    step = max(1, _CHUNK_ELEMENTS // max(cols, 1))
-    for r in range(0, rows, step):
-        yield slice(r, min(r + step, rows))
-
-
-def _convert_rows(raw: np.ndarray, shape: tuple[int, int], dtype: type, fn: Any) -> np.ndarray:
-    out = np.empty(shape, dtype)
-    for rs in _row_chunks(shape[0], shape[1]):
-        out[rs] = fn(np.asarray(raw[rs]))
-    return out
-
-
-def _bf16_to_f32(bits: np.ndarray) -> np.ndarray:
-    # bfloat16 is the top half of a float32, so the widening is exact.
-    wide = bits.astype(np.uint32)
-    wide <<= 16
-    return wide.view(np.float32)
-
-
-def _q8_0_to_f32(blocks: np.ndarray) -> np.ndarray:
-    rows = blocks.shape[0]
-    b = blocks.reshape(rows, -1, 34)
-    d = np.ascontiguousarray(b[:, :, :2]).view(np.float16).astype(np.float32)  # (rows, nb, 1)
-    values = b[:, :, 2:].view(np.int8).astype(np.float32)
-    values *= d  # int8 (8 bits) times fp16 (11 bits) fits float32's 24-bit mantissa: exact
-    return values.reshape(rows, -1)
-
-
-def _q4_to_int4(raw: np.ndarray, shape: tuple[int, int], t: GGMLQuantizationType) -> Int4Weight:
-    rows, cols = shape
-    nb = cols // 32
-    has_min = t == GGMLQuantizationType.Q4_1
-    block_bytes = GGML_QUANT_SIZES[t][1]
-    packed = np.empty((rows, cols // 2), np.uint8)
-    scale = np.empty((rows, nb), np.float16)
-    bias = np.empty((rows, nb), np.float32)
-    for rs in _row_chunks(rows, cols):
-        b = np.asarray(raw[rs]).reshape(-1, nb, block_bytes)
-        d = np.ascontiguousarray(b[:, :, 0:2]).view(np.float16)[:, :, 0]
-        scale[rs] = d
-        if has_min:
-            bias[rs] = np.ascontiguousarray(b[:, :, 2:4]).view(np.float16)[:, :, 0]
-        else:
-            bias[rs] = d.astype(np.float32) * np.float32(-8.0)  # (q - 8) * d == q * d + (-8 d), exactly
-        qs = b[:, :, block_bytes - 16 :]
-        # GGML: byte j holds element j (low nibble) and element j + 16 (high). perfx: byte k holds 2k and 2k + 1.
-        lo, hi = qs & 0x0F, qs >> 4  # elements 0..15 and 16..31 of each block
-        out = np.empty(qs.shape, np.uint8)
-        out[:, :, :8] = lo[:, :, 0::2] | (lo[:, :, 1::2] << 4)
-        out[:, :, 8:] = hi[:, :, 0::2] | (hi[:, :, 1::2] << 4)
-        packed[rs] = out.reshape(out.shape[0], -1)
-    return Int4Weight(packed, scale, bias, 32)
-
-
-_QK_K = 256  # values per K-quant super-block
-
-
-def _q4_k_scales(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The 6-bit scale and min of each of a Q4_K block's 8 sub-blocks, from its 12 packed bytes (..., 12)."""
-    sc = sc.astype(np.uint8)
-    scale = np.empty((*sc.shape[:-1], 8), np.uint8)
-    mins = np.empty_like(scale)
-    scale[..., :4] = sc[..., 0:4] & 63
-    mins[..., :4] = sc[..., 4:8] & 63
-    scale[..., 4:] = (sc[..., 8:12] & 0x0F) | ((sc[..., 0:4] >> 6) << 4)
-    mins[..., 4:] = (sc[..., 8:12] >> 4) | ((sc[..., 4:8] >> 6) << 4)
-    return scale, mins
-
-
-def _q4_k_to_int4(raw: np.ndarray, shape: tuple[int, int]) -> Int4Weight:
-    """Q4_K as int4 with groups of 32: its codes as they are, scale d * sc (float16) and bias -dmin * m (float32,
-    exact), so a value differs from the file's only by the float16 rounding of its group's scale."""
-    rows, cols = shape
-    nb = cols // _QK_K
-    packed = np.empty((rows, cols // 2), np.uint8)
-    scale = np.empty((rows, cols // 32), np.float16)
-    bias = np.empty((rows, cols // 32), np.float32)
-    for rs in _row_chunks(rows, cols):
-        b = np.asarray(raw[rs]).reshape(-1, nb, 144)  # d (2), dmin (2), scales (12), qs (128)
-        n = b.shape[0]
-        d = np.ascontiguousarray(b[:, :, 0:2]).view(np.float16)[:, :, 0].astype(np.float32)
-        dmin = np.ascontiguousarray(b[:, :, 2:4]).view(np.float16)[:, :, 0].astype(np.float32)
-        sc, m = _q4_k_scales(b[:, :, 4:16])
-        scale[rs] = (d[:, :, None] * sc).reshape(n, -1)
-        bias[rs] = (-(dmin[:, :, None] * m)).reshape(n, -1)
-        qs = b[:, :, 16:].reshape(n, nb, 4, 32)  # 4 chunks of 64 values: low nibbles 32 values, high the next 32
-        codes = np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(n, nb * _QK_K)  # in column order
-        packed[rs] = codes[:, 0::2] | (codes[:, 1::2] << 4)
-    return Int4Weight(packed, scale, bias, 32)
 
 
 # -- metadata helpers ---------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +20,7 @@ from .errors import BackendError, ContextLengthError, InvalidArgumentError
 from .ops import PROMPT_KEYS, prompt_indices
 from .rope import rope_cos_sin
 from .sampling import ENGINE_ROW, engine_draw, engine_params
-from .weights import concat_rows
+from .weights import Weight, concat_rows, for_runtime
 
 
 @dataclass
@@ -138,9 +138,13 @@ class LlamaModel:
 
     def _upload_weights(self, weights: LlamaWeights) -> None:
         rt = self.rt
-        self.embedding = rt.prepare_weight(weights.token_embedding)
+
+        def matrix(weight: Weight) -> Any:
+            return rt.prepare_weight(for_runtime(weight, rt.block_formats))
+
+        self.embedding = matrix(weights.token_embedding)
         tied = weights.output is weights.token_embedding
-        self.output = self.embedding if tied else rt.prepare_weight(weights.output)
+        self.output = self.embedding if tied else matrix(weights.output)
         self.norm = rt.from_numpy(weights.norm.astype(np.float32))
 
         def vector(v: np.ndarray | None) -> Any:
@@ -149,11 +153,11 @@ class LlamaModel:
         self.layers = [
             DeviceLayer(
                 attn_norm=vector(layer.attn_norm),
-                w_qkv=rt.prepare_weight(concat_rows([layer.wq, layer.wk, layer.wv])),
-                wo=rt.prepare_weight(layer.wo),
+                w_qkv=matrix(concat_rows([layer.wq, layer.wk, layer.wv])),
+                wo=matrix(layer.wo),
                 ffn_norm=vector(layer.ffn_norm),
-                w_gate_up=rt.prepare_weight(concat_rows([layer.w_gate, layer.w_up])),
-                w_down=rt.prepare_weight(layer.w_down),
+                w_gate_up=matrix(concat_rows([layer.w_gate, layer.w_up])),
+                w_down=matrix(layer.w_down),
                 b_qkv=vector(np.concatenate([layer.bq, layer.bk, layer.bv]) if layer.bq is not None else None),
                 q_norm=vector(layer.q_norm),
                 k_norm=vector(layer.k_norm),
@@ -258,13 +262,7 @@ class LlamaModel:
 
         Returns logits (vocab,) of the last token, or (len(tokens), vocab) when ``all_logits``.
         """
-        ids = self._check_ids(tokens)
-        self._check_slot(slot)
-        self.slot_writes[slot] += 1
-        if len(ids) == 0:
-            raise InvalidArgumentError("prefill needs at least one token")
-        if start < 0 or start + len(ids) > self.max_seq_len:
-            raise ContextLengthError(start + len(ids), 0, self.max_seq_len)
+        ids = self._check_prefill(tokens, slot, start)
         rows = []
         for offset in range(0, len(ids), self.prefill_chunk):
             chunk = ids[offset : offset + self.prefill_chunk]
@@ -274,6 +272,43 @@ class LlamaModel:
         if all_logits:
             return np.concatenate(rows)
         return self._logits(self._rows("h", len(chunk) - 1, 1), 1)[0]
+
+    def prefill_hidden(self, tokens: Sequence[int], slot: int = 0, start: int = 0) -> np.ndarray:
+        """Like ``prefill``, but returns the final-normed hidden states (len(tokens), dim) float32, the rows the
+        output projection would read: what embeddings pool. The keys and values go into ``slot`` as usual
+        (a chunk attends to the earlier ones through the cache), so the caller must own that slot."""
+        ids = self._check_prefill(tokens, slot, start)
+        rows = []
+        for offset in range(0, len(ids), self.prefill_chunk):
+            chunk = ids[offset : offset + self.prefill_chunk]
+            h = self._queue_prefill_chunk(chunk, slot, start + offset, recorded=False)
+            rows.append(self.rt.to_numpy(h))
+        return np.concatenate(rows)
+
+    def copy_prefix(self, src_slot: int, dst_slot: int, length: int) -> None:
+        """Copy the keys and values of positions 0..length-1 from ``src_slot`` into ``dst_slot``: a sequence
+        sharing a prompt with another (the n choices of one request) starts from its cache instead of computing
+        the prompt again. Queued in order with the steps before and after it."""
+        self._check_slot(src_slot)
+        self._check_slot(dst_slot)
+        if src_slot == dst_slot or not 0 < length <= self.max_seq_len:
+            raise InvalidArgumentError(
+                f"copy_prefix wants two different slots and 1..{self.max_seq_len} positions; "
+                f"got slots {src_slot} -> {dst_slot}, {length} positions"
+            )
+        self.slot_writes[dst_slot] += 1
+        self.rt.copy_kv_prefix(self.cache, src_slot, dst_slot, length)
+
+    def _check_prefill(self, tokens: Sequence[int], slot: int, start: int) -> np.ndarray:
+        """The prompt chunk's ids, once its slot and positions are known good (the slot counts as written)."""
+        ids = self._check_ids(tokens)
+        self._check_slot(slot)
+        self.slot_writes[slot] += 1
+        if len(ids) == 0:
+            raise InvalidArgumentError("prefill needs at least one token")
+        if start < 0 or start + len(ids) > self.max_seq_len:
+            raise ContextLengthError(start + len(ids), 0, self.max_seq_len)
+        return ids
 
     def _prompt_rows(
         self, chunk: np.ndarray, pos: int, room: int, recorded: bool, rounding: int = PREFILL_GRAPH_ROUNDING
@@ -489,6 +524,11 @@ class LlamaModel:
             self.recordings += 1
 
     def warm_up(self, mixed_steps: bool = False, mixed_chunk: int = 2 * MIXED_GRAPH_ROUNDING) -> None:
+        """All of ``warm_up_steps`` at once."""
+        for _ in self.warm_up_steps(mixed_steps, mixed_chunk):
+            pass
+
+    def warm_up_steps(self, mixed_steps: bool = False, mixed_chunk: int = 2 * MIXED_GRAPH_ROUNDING) -> Iterator[str]:
         """Run the kernel variants a server uses once, so compiling them (an OpenCL build takes ~0.3 s) and
         recording their graphs happen now, not in the middle of serving requests: prefills of a full chunk and
         of 2, 3, 5, 9 and 17 tokens (one per token-count class of the matmul kernels), then decode at every
@@ -497,10 +537,14 @@ class LlamaModel:
         sampling): every such triple is its own recorded step; with ``mixed_steps``, where steps are recorded,
         also mixed steps (decode rows + a prompt chunk of up to ``mixed_chunk`` tokens, at each padded size such
         a chunk can take) at each batch size and signature. The slots' cache contents are garbage afterwards,
-        which is harmless: a sequence writes every position before it attends to it."""
+        which is harmless: a sequence writes every position before it attends to it (and slot_writes tells the
+        prefix cache). Yields after each step: "kernels" for the prefills and the decode steps at the first
+        position (which build every kernel variant), then "record" for the rest, so that a server can answer
+        once the kernels exist and record the rest while it is idle."""
         chunk = min(self.prefill_chunk, self.max_seq_len)
         for length in sorted({chunk, *(n for n in (2, 3, 5, 9, 17) if n <= chunk)}):  # each token-count class
             self.prefill([0] * length, slot=0)
+            yield "kernels"
         batches = {*range(1, min(self.n_slots, 32) + 1), *(1 << p for p in range(self.n_slots.bit_length()))}
         batches = sorted(b for b in batches | {self.n_slots} if b <= self.n_slots)
         # One position per signature (backends round attention partition counts to powers of two or 1.5 times
@@ -514,9 +558,10 @@ class LlamaModel:
             positions.setdefault(self.rt.graph_signature(np.array([p], dtype=np.int32)), p)
         sample_row = engine_params(1.0, 0.0, 0, 0)[None, :]
 
-        def each_step(batches: list[int], graphs: int, prompt_rows: int = 0) -> None:
+        def each_step(batches: list[int], graphs: int, prompt_rows: int = 0) -> Iterator[str]:
             """Decode at each batch size and pick, position by position, while the three picks' recordings fit
             within ``graphs``; with ``prompt_rows``, next to a new prompt's chunk in slot ``batch``."""
+            first = min(positions.values())
             for position in sorted(positions.values()):
                 for batch in batches:
                     if graphs < 3:
@@ -526,8 +571,9 @@ class LlamaModel:
                     sampling = np.repeat(sample_row, batch + bool(prompt_rows), axis=0)
                     for pick in ({}, {"argmax": True}, {"sampling": sampling}):
                         self.decode([0] * batch, list(range(batch)), [position] * batch, prompt=prompt, **pick)
+                    yield "kernels" if position == first and not prompt_rows else "record"
 
-        each_step(batches, max(3 * len(batches), MAX_GRAPHS // 2))  # at least one position
+        yield from each_step(batches, max(3 * len(batches), MAX_GRAPHS // 2))  # at least one position
         if mixed_steps and None not in positions:  # (None: nothing is recorded here)
             # Mixed steps: a new prompt's chunk next to each batch size at each decode signature, at each padded size
             # (multiples of MIXED_GRAPH_ROUNDING) a chunk the scheduler cuts (at most mixed_chunk, prefill_chunk and
@@ -538,7 +584,7 @@ class LlamaModel:
             for rows in sizes:
                 rows = min(rows, self.max_seq_len)
                 fits = [b for b in batches if b < self.n_slots and self.mixed_prompt_room(b) >= rows]
-                each_step(fits, room // len(sizes), rows)
+                yield from each_step(fits, room // len(sizes), rows)
 
     def _check_ids(self, tokens: Sequence[int]) -> np.ndarray:
         ids = np.asarray(tokens, dtype=np.int64)

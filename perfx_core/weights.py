@@ -1,6 +1,7 @@
 """perfx's host-side weight formats and the int4 quantization helpers (pack order written once here).
 
-Two formats cover every model:
+Two formats cover every model (a third, ``BlockWeight``, hands a file's own blocks to a runtime that converts
+them on its device):
 
 - ``Int4Weight``: 4-bit codes with one scale and one bias per group of ``group_size`` consecutive input
   columns. Dequantized value: ``w[r, c] = q[r, c] * scale[r, c // g] + bias[r, c // g]``.
@@ -13,6 +14,7 @@ Packing: byte ``packed[r, j]`` holds column ``2j`` in its low nibble and column 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,7 +71,37 @@ class DenseWeight:
         return self.data.nbytes
 
 
-Weight = Int4Weight | DenseWeight
+@dataclass(frozen=True)
+class BlockWeight:
+    """A weight still in its file's block format, for a runtime that converts that format on its device
+    (``Runtime.block_formats``): uploading the file's bytes is cheaper than converting them on the host first.
+
+    ``parts`` are stacked along the output rows (a fused QKV is three parts); each is (rows_i, bytes per row),
+    usually a view of the mapped file. ``as_int4`` is the host conversion, for every other runtime.
+    """
+
+    parts: tuple[np.ndarray, ...]  # uint8 (rows_i, bytes per row)
+    block_format: str  # a lower-case GGML type name: "q4_0", "q4_1"
+    cols: int
+    as_int4: Callable[[], Int4Weight]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return sum(p.shape[0] for p in self.parts), self.cols
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+
+Weight = Int4Weight | DenseWeight | BlockWeight
+
+
+def for_runtime(weight: Weight, block_formats: frozenset[str]) -> Weight:
+    """``weight`` in a form a runtime that converts ``block_formats`` itself can take."""
+    if isinstance(weight, BlockWeight) and weight.block_format not in block_formats:
+        return weight.as_int4()
+    return weight
 
 
 def pack_int4(q: np.ndarray) -> np.ndarray:
@@ -89,6 +121,8 @@ def unpack_int4(packed: np.ndarray) -> np.ndarray:
 
 def dequantize(weight: Weight, dtype: type = np.float32) -> np.ndarray:
     """Full-precision values of a weight, shape (rows, cols)."""
+    if isinstance(weight, BlockWeight):
+        weight = weight.as_int4()
     if isinstance(weight, DenseWeight):
         return weight.data.astype(dtype, copy=False)
     rows, cols = weight.shape
@@ -128,6 +162,12 @@ def concat_rows(weights: list[Weight]) -> Weight:
 
     Int4 weights with one group size stay int4; any other mix becomes float32 (exact, more memory).
     """
+    if all(isinstance(w, BlockWeight) for w in weights) and len({(w.block_format, w.cols) for w in weights}) == 1:  # type: ignore[union-attr]
+        parts = tuple(p for w in weights for p in w.parts)  # type: ignore[union-attr]
+        return BlockWeight(
+            parts, weights[0].block_format, weights[0].cols, lambda: concat_rows([w.as_int4() for w in weights])
+        )  # type: ignore[union-attr]
+    weights = [w.as_int4() if isinstance(w, BlockWeight) else w for w in weights]
     if all(isinstance(w, Int4Weight) for w in weights) and len({w.group_size for w in weights}) == 1:  # type: ignore[union-attr]
         return Int4Weight(
             np.concatenate([w.packed for w in weights]),  # type: ignore[union-attr]
@@ -142,6 +182,8 @@ def concat_rows(weights: list[Weight]) -> Weight:
 
 def take_rows(weight: Weight, order: np.ndarray) -> Weight:
     """The same weight with its output rows reordered (exact for every format)."""
+    if isinstance(weight, BlockWeight):
+        weight = weight.as_int4()
     if isinstance(weight, DenseWeight):
         return DenseWeight(np.ascontiguousarray(weight.data[order]))
     return Int4Weight(

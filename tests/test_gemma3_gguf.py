@@ -43,3 +43,28 @@ def test_gemma3_logits_match_transformers(gemma_path):
     # Past the window the local layers must forget: the last rows agree as closely as the first.
     late = float(((ours[600:] - expected[600:]) ** 2).mean() / (expected[600:] ** 2).mean())
     assert late < 1e-4, late
+
+
+def test_gemma3_file_without_a_template_chats_in_gemmas_turn_format(gemma_path):
+    """The 270M file (the pretrained model, not the instruct one) ships no chat template: perfx renders chats in
+    Gemma's own turns, not ChatML, so the instruct files that lack one too are prompted as they were trained."""
+    model = perfx_core.load(gemma_path, context_length=512)
+    try:
+        assert "tokenizer.chat_template" not in model.metadata
+        messages = [
+            {"role": "system", "content": "Answer in one word."},
+            {"role": "user", "content": "What is the capital of France?"},
+            {"role": "assistant", "content": "Paris."},
+            {"role": "user", "content": "And of Italy?"},
+        ]
+        assert model.render_chat(messages) == (
+            "<start_of_turn>user\nAnswer in one word.\n\nWhat is the capital of France?<end_of_turn>\n"
+            "<start_of_turn>model\nParis.<end_of_turn>\n<start_of_turn>user\nAnd of Italy?<end_of_turn>\n"
+            "<start_of_turn>model\n"
+        )
+        ids = model.chat_prompt_ids(messages)
+        turn_ids = model.tokenizer.encode("<start_of_turn>", add_special=False)
+        assert ids[0] == model.tokenizer.bos_id and len(ids) < 40  # control tokens, not spelled out as text
+        assert len(turn_ids) > 1  # (as text the marker would take several tokens)
+    finally:
+        model.close()

@@ -19,7 +19,8 @@ from scheduler_check import check_overlapped_output
 pytest.importorskip("pyopencl", reason="pyopencl is not installed (pip install 'perfx[opencl]')")
 
 import perfx_opencl.plugin  # noqa: E402
-from perfx_opencl.runtime import KernelBuildError, OpenCLBackend  # noqa: E402
+from perfx_opencl.backend import OpenCLBackend  # noqa: E402
+from perfx_opencl.runtime import KernelBuildError  # noqa: E402
 
 import perfx_core  # noqa: E402
 from perfx_core.errors import BackendError, BackendUnavailableError  # noqa: E402
@@ -1093,3 +1094,17 @@ def test_mixed_steps_with_other_decode_positions_do_not_share_a_recording(regist
         np.testing.assert_array_equal(run("1"), run("0"))
     finally:
         rt.close()
+
+
+def test_a_q4_0_model_computes_without_stored_biases_what_the_numpy_backend_does(tmp_path):
+    """A GGUF Q4_0 model on OpenCL keeps no biases (each is -8 * its scale, kernels/int4_bias.cl): the GEMV of
+    one token and the prompt path (GEMM or matrix units) and the embedding give the NumPy backend's logits."""
+    from tiny_gguf import write_tiny_llama_gguf
+
+    path = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type="Q4_0", dim=128, ffn_dim=256, seed=6).path
+    ids = [1, 5, 9, 3, 7, 2, 8, 4] * 5
+    with perfx_core.load(path, backend="opencl") as cl_model, perfx_core.load(path, backend="numpy") as np_model:
+        assert cl_model.engine.layers[0].w_qkv.bias is None and cl_model.engine.embedding.bias is None
+        for n in (1, len(ids)):
+            got, want = cl_model.logits(ids[:n]), np_model.logits(ids[:n])
+            np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * float(np.abs(want).max()))

@@ -101,6 +101,10 @@ class NumpyRuntime(Runtime):
         cache.k[...] = k
         cache.v[...] = v
 
+    def copy_kv_prefix(self, cache: NumpyKVCache, src_slot: int, dst_slot: int, length: int) -> None:
+        for array in (cache.k, cache.v):
+            array[:, dst_slot, :, :length] = array[:, src_slot, :, :length]
+
 
 class NumpyBackend(Backend):
     name = "numpy"

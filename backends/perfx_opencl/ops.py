@@ -26,6 +26,7 @@ from perfx_core.ops import (
 )
 
 from . import tuning
+from .tuning import ADRENO_GEMV_TUNING, FLAGS, GEMV_TUNING  # the GEMV's default shapes (RW, KS, CR, UC, XS, QX)
 
 # Fused composites, for int4 weights and the token counts their kernels take (else the generic compositions).
 OPS = PRIMITIVE_OPS + ("gate_up_silu", "linear_add_rmsnorm", "attention_mixed", "argmax", "sample")
@@ -36,34 +37,30 @@ SMALL_N = 16  # up to this many tokens an int4 matmul uses the GEMV kernel, whic
 GEMV_PASSES_N = 64
 # Matrix-unit matmuls (kernels/int4_mma.cl) take int4 matmuls of at least MMA_MIN_N tokens where the runtime
 # has them (rt.use_mma: NVIDIA's mma.sync). A shape is MT 16-row tiles x NT8 8-token tiles per warp and KW
-# warps splitting k. From scripts/sweep_opencl_mma.py over Llama-2-7B's matmuls on the H200 (docs/opencl.md):
+# warps splitting k. From bench_ops.py --sweep-mma over Llama-2-7B's matmuls on the H200 (docs/opencl.md):
 # what matters most is enough warps in flight, so KW grows until the launch has MMA_WARPS_PER_CU warps per
 # compute unit; bigger tiles (MT = NT8 = 4: each load feeds more products) pay once there are many tokens.
 MMA_MIN_N = 2
-# UC chunks whose weights each warp loads before multiplying any (more bytes in flight). The session-6 sweep
-# (docs/opencl.md) had UC = 4 faster by 8-24% where a warp holds two row tiles of sums (RT = 2) with one or four
-# token tiles; with two token tiles UC = 2 or 4 ranged from 5% faster to 13% slower (no rule found), and with four
-# row tiles they were slower (the registers). A run stays inside one group: with 32-column groups (GGUF Q4_0),
-# loading each chunk's scales ahead too gained nothing. Session 7: with three token tiles (17-24 tokens) UC = 4
-# was the best of 1, 2 and 4 as well (12288x4096 and 4096x11008, 128-column groups).
+# UC chunks whose weights each warp loads before multiplying any (more bytes in flight). The H200 sweep
+# (docs/results/h200_sweep_mma_chunks_ahead.jsonl) had UC = 4 faster by 8-24% where a warp holds two row tiles of
+# sums (RT = 2) with one or four token tiles; with two token tiles UC = 2 or 4 ranged from 5% faster to 13% slower
+# (no rule found), and with four row tiles they were slower (the registers). A run stays inside one group: with
+# 32-column groups (GGUF Q4_0), loading each chunk's scales ahead too gained nothing. With three token tiles
+# (17-24 tokens) UC = 4 was the best of 1, 2 and 4 as well (12288x4096 and 4096x11008, 128-column groups;
+# h200_sweep_mma_three_token_tiles.jsonl).
 MMA_UC = 4
 MMA_WARPS_PER_CU = ((16, 16), (64, 8), (None, 30))  # (up to n tokens, warps per compute unit wanted)
 # linear_add_rmsnorm of up to this many tokens on the matrix units finishes in the matmul's launch
 # (kernels/add_norm_tail.cl): batched decode steps, where the separate add_rmsnorm launch cost more than its
 # work (~10 us of device time per launch on the H200, 64 launches per step for a 7B). H200, GGUF Q4_0 7B, a
 # batch-16 step: 4.93 vs 5.28 ms of device time. With three or four token tiles the build with the tail got
-# fewer registers (90 vs 104 at four) and a slower matmul (docs/opencl.md, session 8), so 17-32 tokens run the
-# 16-token shape (two token tiles per warp) in two groups of work-groups, which read W twice (the second
-# probably from L2). H200, 7B mixed steps, device ms, separate launch / tail with 3-4 tiles / tail with 2 (session 10):
-# 31 rows 6.24 / 6.99 / 6.07; 23 rows 5.90 / 6.11 / 5.88.
+# fewer registers (90 vs 104 at four, -cl-nv-verbose) and a slower matmul, so 17-32 tokens run the 16-token
+# shape (two token tiles per warp) in two groups of work-groups, which read W twice (the second probably from
+# L2). H200, 7B mixed steps, device ms, separate launch / tail with 3-4 tiles / tail with 2
+# (docs/results/h200_norm_tail_17_32_rows.jsonl): 31 rows 6.24 / 6.99 / 6.07; 23 rows 5.90 / 6.11 / 5.88.
 MMA_ADD_NORM_N = 32
 MMA_ADD_NORM_SHAPE_N = 16  # the token count whose shape the tail's launches take
 DENSE_SMALL_N = 4  # the dense GEMV re-reads W per token, so it only pays for very small batches
-# The GEMV's shape (docs/opencl.md): RW row lanes x KS k-splits, CR columns per thread, UC chunks in flight,
-# XS shared chunk sums, QX quantized activations with integer dot products (on by default where native).
-GEMV_TUNING = {"RW": 32, "KS": 16, "CR": 1, "UC": 2, "XS": 0, "QX": 0}  # what `perfx tune` picks most on an H200
-ADRENO_GEMV_TUNING = {"RW": 64, "KS": 4, "CR": 1, "UC": 1, "XS": 0, "QX": 0}  # Adreno waves are 64+ wide
-FLAGS = ("XS", "QX")  # the 0/1 entries of a shape
 TILE = 32  # output tile of the dense GEMM kernel (kernels/dense.cl)
 GEMM_ROWS = 128  # weight rows per int4 GEMM work-group (kernels/int4_gemm.cl), 8 per thread
 GEMM_TPT8_LOCAL_BYTES = 32 * 128 * 4 * 2  # its local copies of a chunk at 128 tokens: 32 x (128 rows + 128 tokens)
@@ -74,7 +71,7 @@ ATT_PART = 128  # key positions per attention work-group: long contexts split ov
 # The fused decode kernel splits a row's context over work-groups (kernels/attention.cl): at most one split per
 # DECODE_PART positions (each work-group has fixed costs: q, its reductions, its share of the merge), and no more
 # than fill DECODE_GROUPS_PER_CU work-groups per compute unit. H200, 7B shape, position 2000, 4 layers
-# (scripts/profile_steps.py --position 2000 --layers 4 --group 32, float16 cache; the kernel before its merge
+# (benchmarks/profile_steps.py --position 2000 --layers 4 --group 32, float16 cache; the kernel before its merge
 # was spread over the work-items), attention ms per step at batch 1 / 16: 4 per CU 0.114 / 0.737, 8 per CU
 # 0.135 / 0.873. The graph signature rounds positions to buckets of DECODE_PART (decode_signature), and the
 # split count is a function of the bucket.
@@ -96,8 +93,13 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 def _int4_weight_args(w) -> tuple:
-    """The kernel arguments of an int4 weight after its three buffers' places: packed, scale, bias."""
-    return w.packed.buffer, w.scale.buffer, w.bias.buffer
+    """The kernel arguments of an int4 weight after its three buffers' places: packed, scale, bias (a weight
+    without stored biases passes its scales there, unread: its kernels are built with Q4_0_BIAS)."""
+    return w.packed.buffer, w.scale.buffer, (w.scale if w.bias is None else w.bias).buffer
+
+
+def _bias_options(w) -> dict:
+    return {"Q4_0_BIAS": w.bias is None}
 
 
 def _gemv_shape(rt) -> tuple[int, int]:
@@ -114,14 +116,12 @@ def embedding(rt, table, ids, out):
         return
     ids_buf = rt.upload_ints("ids", ids)
     if table.kind == "int4":
-        kernel = rt.kernel("int4", "embedding_int4")
+        kernel = rt.kernel("int4", "embedding_int4", **_bias_options(table))
         rt.launch(
             kernel,
             (_round_up(d, 64), n),
             None,
-            table.packed.buffer,
-            table.scale.buffer,
-            table.bias.buffer,
+            *_int4_weight_args(table),
             ids_buf,
             out,
             table.shape[0],
@@ -233,11 +233,11 @@ def _qx_slice(rt, config: dict[str, int], row_slots: int, nt: int, chunks: int) 
 
 
 def _gemv_plan(
-    rt, silu: bool, nt: int, rows: int, k: int, x_form: str, add_norm: bool = False
+    rt, silu: bool, nt: int, rows: int, k: int, x_form: str, add_norm: bool = False, q4_0_bias: bool = False
 ) -> tuple[Any, tuple[int, int], tuple[int, int]]:
     """(kernel, global size, local size) of a GEMV launch, worked out once per shape and kept on the runtime."""
     plans = rt.__dict__.setdefault("_gemv_plans", {})
-    key = (silu, nt, rows, k, x_form, add_norm)
+    key = (silu, nt, rows, k, x_form, add_norm, q4_0_bias)
     plan = plans.get(key)
     if plan is None:
         config = gemv_tuning(rt, silu, rows, k, nt)
@@ -260,6 +260,7 @@ def _gemv_plan(
             XSUM_CHUNKS=xsum_chunks or False,
             QX=qx_slice > 0,
             QX_SLICE=qx_slice or False,
+            Q4_0_BIAS=q4_0_bias,
             **config,
         )
         per_group = config["RW"] * config["CR"]
@@ -279,7 +280,7 @@ def _int4_gemv(rt, x, w, out, n, silu=False, epilogue=()):
     nt = 1 << max(0, (n - 1).bit_length())  # tokens per pass: n rounded up to a power of two
     image = rt.image_of(x)
     x_form = "image" if image is not None else ("aligned" if x.offset % 4 == 0 else "unaligned")
-    kernel, global_size, local_size = _gemv_plan(rt, silu, nt, rows, k, x_form, bool(epilogue))
+    kernel, global_size, local_size = _gemv_plan(rt, silu, nt, rows, k, x_form, bool(epilogue), w.bias is None)
     x_arg = (image, x.offset) if image is not None else (x,)
     rt.launch(
         kernel,
@@ -359,7 +360,7 @@ def _mma_config(
         n = min(n, MMA_ADD_NORM_SHAPE_N)  # MMA_ADD_NORM_N: its launches keep two token tiles per warp
     if n <= 16:
         config = {"MT": 2, "NT8": 1 if n <= 8 else 2}
-    else:  # three token tiles up to 24 tokens (the session-7 sweep: 3-17% faster there than four)
+    else:  # three token tiles up to 24 tokens (the H200 sweep: 7-17% faster there than four)
         config = {"MT": 4 if n > 32 or m >= 16384 else 2, "NT8": 3 if n <= 24 else 4}
     if silu:
         config["MT"] = max(1, config["MT"] // 2)
@@ -396,16 +397,26 @@ def _mma_local_bytes(kw: int, row_tiles: int, nt8: int, emulated: bool, add_norm
 
 
 def _mma_plan(
-    rt, silu: bool, n: int, rows: int, k: int, group_size: int, unaligned: bool, add_norm: bool = False
+    rt,
+    silu: bool,
+    n: int,
+    rows: int,
+    k: int,
+    group_size: int,
+    unaligned: bool,
+    add_norm: bool = False,
+    q4_0_bias: bool = False,
 ) -> tuple[Any, tuple, tuple]:
     """(kernel, global size, local size) of an mma launch, worked out once per shape and kept on the runtime
     with the GEMV's plans (clear_plans forgets both)."""
     plans = rt.__dict__.setdefault("_gemv_plans", {})
-    key = ("mma", silu, n, rows, k, group_size, unaligned, add_norm)
+    key = ("mma", silu, n, rows, k, group_size, unaligned, add_norm, q4_0_bias)
     plan = plans.get(key)
     if plan is None:
         config = _mma_config(rt, n, rows, k, group_size, silu, add_norm)
-        kernel = rt.kernel("int4_mma", "int4_mma", SILU=silu, X_UNALIGNED=unaligned, ADD_NORM=add_norm, **config)
+        kernel = rt.kernel(
+            "int4_mma", "int4_mma", SILU=silu, X_UNALIGNED=unaligned, ADD_NORM=add_norm, Q4_0_BIAS=q4_0_bias, **config
+        )
         global_size = (-(-rows // (16 * config["MT"])) * 32 * config["KW"], -(-n // (8 * config["NT8"])))
         plan = plans[key] = (kernel, global_size, (32 * config["KW"], 1))
     return plan
@@ -416,7 +427,9 @@ def _int4_mma(rt, x, w, out, silu=False, epilogue=()):
     non-empty ``epilogue`` (residual, norm weight, normed, eps, counter) adds the add_rmsnorm tail."""
     n, rows = out.shape
     k = w.shape[1]
-    kernel, global_size, local_size = _mma_plan(rt, silu, n, rows, k, w.group_size, x.offset % 4 != 0, bool(epilogue))
+    kernel, global_size, local_size = _mma_plan(
+        rt, silu, n, rows, k, w.group_size, x.offset % 4 != 0, bool(epilogue), w.bias is None
+    )
     if epilogue:
         groups = global_size[0] // local_size[0] * global_size[1]
         epilogue = (*epilogue, _tail_finishers(rt, n, groups))
@@ -469,7 +482,7 @@ def int4_gemm(rt, x, w, out):
         _int4_gemv_passes(rt, x, w, out)
         return
     tpt = _gemm_tokens_per_thread(rt, n, m)
-    kernel = rt.kernel("int4_gemm", "int4_gemm", TPT=tpt)
+    kernel = rt.kernel("int4_gemm", "int4_gemm", TPT=tpt, **_bias_options(w))
     rt.launch(
         kernel,
         (_round_up(m, GEMM_ROWS) // 8, _round_up(n, 16 * tpt) // tpt),
@@ -721,9 +734,10 @@ def _decode_arguments(rt, qkv, cache, layer, slots, positions, rope, spec, out, 
 # attention_mixed's one launch pays while the decode rows' attention is short. Each of its work-groups reserves
 # both parts' local memory (~31 KB at head_dim 128), so an SM holds fewer decode work-groups than the decode
 # kernel alone gets: the launch it saves stops paying for that once there are many of them. H200, 7B, a mixed
-# step's attention with a 16-row chunk, one launch vs two (docs/opencl.md, session 10), by decode rows x
-# partitions: 32 (16 rows at position 100) 1.06 vs 1.40 ms; 128 (16 rows at 400; 4 at 2000) 2.97 vs 3.13 and
-# 3.83 vs 3.96; 256 (16 rows at 800) 5.47 vs 5.35; 512 (16 rows at 2000) 12.6 vs 11.8.
+# step's attention with a 16-row chunk, one launch vs two, by decode rows x partitions
+# (docs/results/h200_attention_mixed_one_vs_two_launches.jsonl): 32 (16 rows at position 100) 1.06 vs 1.40 ms;
+# 128 (16 rows at 400; 4 at 2000) 2.97 vs 3.13 and 3.83 vs 3.96; 256 (16 rows at 800) 5.47 vs 5.35; 512 (16 rows
+# at 2000) 12.6 vs 11.8.
 MIXED_ATTENTION_MAX_GROUPS = 128  # decode rows x attention partitions (per head) up to which it is one launch
 
 

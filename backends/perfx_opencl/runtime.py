@@ -1,4 +1,5 @@
-"""The pyopencl runtime shared by the ``opencl`` and ``opencl-adreno`` backends: devices, buffers, programs.
+"""The pyopencl runtime shared by the ``opencl`` and ``opencl-adreno`` backends: one opened device's buffers,
+programs, launches and recorded steps (backend.py finds the devices and opens runtimes; ops.py queues kernels).
 
 Tensors are ``CLTensor``s: a buffer plus an element offset, so ``view`` is free and kernels take
 (pointer, offset) pairs (sub-buffers would bring alignment rules). Kernels live in ``kernels/*.cl``; each
@@ -8,6 +9,7 @@ program is built once per context and options, and a build failure raises ``Kern
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 import threading
@@ -15,20 +17,19 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from perfx_core.backend import Backend, DeviceInfo, KVCacheSpec, Runtime
+from perfx_core.backend import DeviceInfo, KVCacheSpec, Runtime
 from perfx_core.errors import BackendError, BackendUnavailableError, InvalidArgumentError
-from perfx_core.weights import DenseWeight, Int4Weight, Weight
+from perfx_core.weights import BlockWeight, DenseWeight, Int4Weight, Weight
 
-from . import program_cache
+from . import native_replay, ops, program_cache, tuner
+from .flush_policy import FLUSH_EVERY, REPLAY_EARLY_FLUSHES
+from .kernel_source import program_source
 
-KERNEL_DIR = Path(__file__).parent / "kernels"
-# Prepended to every kernel file: the device-wide fence, then the add + RMSNorm tail of the matmul kernels.
-KERNEL_PRELUDE = ("device_fence.cl", "add_norm_tail.cl")
+log = logging.getLogger("perfx.opencl")
 
 
 class KernelBuildError(BackendError):
@@ -39,7 +40,7 @@ class KernelBuildError(BackendError):
         self.log = log
 
 
-def _pyopencl() -> Any:
+def load_pyopencl() -> Any:
     try:
         import pyopencl
     except ImportError as exc:
@@ -52,76 +53,22 @@ def _pyopencl() -> Any:
 
 def _native_replayer() -> Any:
     """The native replayer (native_replay.py) for graphs recorded now, or None (off, or not buildable here)."""
-    from . import native_replay  # it imports this module
-
     return native_replay.replayer() if native_replay.enabled() else None
 
 
 @contextmanager
 def check(what: str) -> Iterator[None]:
     """Turn a pyopencl/driver error raised while doing ``what`` into a BackendError that says so."""
-    cl = _pyopencl()
+    cl = load_pyopencl()
     try:
         yield
     except cl.Error as exc:
         raise BackendError(f"OpenCL: {what} failed: {exc}") from exc
 
 
-FLUSH_EVERY = 16  # launches between queue flushes (see launch)
-# A replayed step also flushes after these of its launches: the device, idle since the last step's rows were
-# read, starts on the first kernels instead of waiting for FLUSH_EVERY enqueues (~12 us each on NVIDIA).
-REPLAY_EARLY_FLUSHES = frozenset({1, 2, 4, 8})
 MAX_CACHED_LAUNCHES = 16384  # a 7B decode step makes ~160 distinct launches per batch size; prefill adds a few per size
 
 # -- devices ---------------------------------------------------------------------------------------------
-
-
-def _cl_devices() -> list[tuple[Any, Any]]:
-    """(platform, device) of every OpenCL device on every platform; BackendUnavailableError says why none."""
-    cl = _pyopencl()
-    try:
-        platforms = cl.get_platforms()
-    except cl.Error as exc:
-        raise BackendUnavailableError(
-            f"no OpenCL platform ({exc}); install your GPU's OpenCL driver (ICD), or `pip install "
-            "pocl-binary-distribution` for the CPU"
-        ) from None
-    found, reasons = [], []
-    for platform in platforms:
-        try:
-            found.extend((platform, device) for device in platform.get_devices())
-        except cl.Error as exc:
-            reasons.append(f"{platform.name}: {exc}")
-    if not found:
-        raise BackendUnavailableError(
-            "no OpenCL device on any platform" + (f" ({'; '.join(reasons)})" if reasons else "")
-        )
-    return found
-
-
-def _is_adreno(device: Any) -> bool:
-    return "qualcomm" in device.vendor.lower() or "adreno" in device.name.lower()
-
-
-def _device_info(index: int, platform: Any, device: Any) -> DeviceInfo:
-    cl = _pyopencl()
-    return DeviceInfo(
-        index=index,
-        name=f"{device.name.strip()} ({platform.name.strip()})",
-        kind="gpu" if device.type & cl.device_type.GPU else "cpu",
-        memory_bytes=int(device.global_mem_size),
-        details={
-            "vendor": device.vendor.strip(),
-            "version": device.version.strip(),
-            "driver": device.driver_version.strip(),
-            "compute_units": int(device.max_compute_units),
-            "max_work_group_size": int(device.max_work_group_size),
-            "local_memory_bytes": int(device.local_mem_size),
-            "cache_bytes": int(device.global_mem_cache_size),
-            "image_support": bool(device.image_support),
-            "fp16": "cl_khr_fp16" in device.extensions,
-        },
-    )
 
 
 @dataclass
@@ -142,10 +89,10 @@ class _DeviceState:
 _device_states: dict[tuple[str, str, int], _DeviceState] = {}
 
 
-def _device_state(index: int, platform: Any, device: Any) -> _DeviceState:
+def device_state(index: int, platform: Any, device: Any) -> _DeviceState:
     key = (platform.name, device.name, index)
     if key not in _device_states:
-        cl = _pyopencl()
+        cl = load_pyopencl()
         with check(f"creating a context on {device.name.strip()}"):
             context = cl.Context([device])
             # PERFX_OPENCL_PROFILE=1 records every kernel's device time (benchmarks); it costs a little per launch.
@@ -193,13 +140,13 @@ class CLTensor:
 @dataclass(eq=False)
 class CLInt4Weight:
     """An int4 weight as uploaded, chunk-major (kernels/int4.cl): packed (k/32, m, 16) uint8, scale (k/g, m)
-    float16, bias (k/g, m) float32."""
+    float16, bias (k/g, m) float32; no bias for a GGUF Q4_0 weight, whose biases are -8 * scale (int4_bias.cl)."""
 
     shape: tuple[int, int]
     group_size: int
     packed: CLTensor
     scale: CLTensor
-    bias: CLTensor
+    bias: CLTensor | None
     kind: str = "int4"
 
 
@@ -251,13 +198,18 @@ class _Graph:
 # -- the runtime -----------------------------------------------------------------------------------------
 
 
+_BLOCK_BYTES = {"q4_0": 18, "q4_1": 20}  # GGML block sizes of the file formats prepare_weight re-packs itself
+
+
 class OpenCLRuntime(Runtime):
     """One opened OpenCL device. ``variant`` is "generic" or "adreno" (kernels built with -DADRENO)."""
+
+    block_formats = frozenset(_BLOCK_BYTES)
 
     def __init__(self, backend_name: str, info: DeviceInfo, device: Any, state: _DeviceState, variant: str):
         self.backend_name = backend_name
         self.device = info
-        self.cl = _pyopencl()
+        self.cl = load_pyopencl()
         self.cl_device = device
         self.context = state.context
         self._queue = state.queue
@@ -434,9 +386,49 @@ class OpenCLRuntime(Runtime):
                 )
             if isinstance(weight, DenseWeight):
                 return CLDenseWeight(weight.shape, self.from_numpy(weight.data))
+            if isinstance(weight, BlockWeight) and weight.block_format in _BLOCK_BYTES:
+                return self._from_blocks(weight)
             raise InvalidArgumentError(f"the OpenCL backend cannot prepare a {type(weight).__name__}")
         finally:
             self.load_stats["weights_s"] += time.perf_counter() - start
+
+    def _from_blocks(self, weight: BlockWeight) -> CLInt4Weight:
+        """A GGUF Q4_0/Q4_1 weight from the file's own bytes: the parts are copied into one device buffer as they
+        are, and re-packed into the int4 layout there (kernels/q4_blocks.cl), so the host converts nothing."""
+        m, k = weight.shape
+        block_bytes, blocks = _BLOCK_BYTES[weight.block_format], k // 32
+        staged = self.empty((m * blocks * block_bytes,), np.uint8)
+        row = 0
+        with check(f"uploading a {weight.block_format} weight ({m}x{k})"):
+            for part in weight.parts:
+                if part.shape != (part.shape[0], blocks * block_bytes):
+                    raise InvalidArgumentError(f"a {weight.block_format} part of shape {part.shape} does not fit k={k}")
+                self.cl.enqueue_copy(
+                    self.queue, staged.buffer, np.ascontiguousarray(part), dst_offset=row * blocks * block_bytes
+                )
+                row += part.shape[0]
+        has_min = weight.block_format == "q4_1"
+        out = CLInt4Weight(
+            weight.shape,
+            32,
+            self.empty((blocks, m, 16), np.uint8),
+            self.empty((blocks, m), np.float16),
+            self.empty((blocks, m), np.float32) if has_min else None,  # Q4_0's is -8 * scale: int4_bias.cl
+        )
+        if m and blocks:
+            kernel = self.kernel("q4_blocks", "q4_blocks_to_chunks", BLOCK_BYTES=block_bytes, HAS_MIN=int(has_min))
+            with check(f"re-packing a {weight.block_format} weight ({m}x{k})"):
+                private = self.cl.Kernel(kernel.program, kernel.function_name)  # holds the staged buffer until run
+                private.set_args(
+                    staged.buffer,
+                    out.packed.buffer,
+                    out.scale.buffer,
+                    (out.scale if out.bias is None else out.bias).buffer,  # (Q4_0: not written)
+                    np.int32(m),
+                    np.int32(blocks),
+                )
+                self.cl.enqueue_nd_range_kernel(self.queue, private, (m, blocks), None)
+        return out
 
     def _transposed(self, array: np.ndarray, elem: str) -> CLTensor:
         """A device copy of ``array`` (rows, cols, ...) with its first two axes swapped; the trailing axes (a
@@ -469,6 +461,26 @@ class OpenCLRuntime(Runtime):
     def kv_cache_from_numpy(self, cache: CLKVCache, k, v):
         self.write(cache.k, k)
         self.write(cache.v, v)
+
+    def copy_kv_prefix(self, cache: CLKVCache, src_slot: int, dst_slot: int, length: int) -> None:
+        """One rectangular device copy per tensor: rows are (slot, kv_head) pairs of a layer, slices the layers."""
+        layers, slots, heads, positions, head_dim = cache.spec.shape
+        item = np.dtype(cache.spec.dtype).itemsize
+        row = positions * head_dim * item
+        pitches = (row, slots * heads * row)
+        with check("copying a KV-cache prefix between slots"):
+            for t in (cache.k, cache.v):
+                base = t.offset * item
+                self.cl.enqueue_copy(
+                    self.queue,
+                    t.buffer,
+                    t.buffer,
+                    src_origin=(base, src_slot * heads, 0),
+                    dst_origin=(base, dst_slot * heads, 0),
+                    region=(length * head_dim * item, heads, layers),
+                    src_pitches=pitches,
+                    dst_pitches=pitches,
+                )
 
     # -- programs --------------------------------------------------------------------------------------
     def kernel(self, file: str, name: str, **defines: Any) -> Any:
@@ -572,8 +584,7 @@ class OpenCLRuntime(Runtime):
 
     def program(self, file: str, options: tuple[str, ...]) -> Any:
         """Kernel file ``file`` behind the shared pieces (text, not #includes: no include path to set)."""
-        source = "".join((KERNEL_DIR / name).read_text() for name in (*KERNEL_PRELUDE, f"{file}.cl"))
-        return self.build(source, options, label=f"{file}.cl")
+        return self.build(program_source(file), options, label=f"{file}.cl")
 
     def build(self, source: str, options: tuple[str, ...] = (), label: str = "program") -> Any:
         """Build ``source`` once per device and options; KernelBuildError carries the build log on failure."""
@@ -585,6 +596,11 @@ class OpenCLRuntime(Runtime):
             program = program_cache.load(self, cached, options) if cached is not None else None
             self.load_stats["programs_from_cache" if program is not None else "programs_built"] += 1
             if program is None:
+                # Seconds to minutes per program on some drivers: say once what the wait is, then per program in debug.
+                if not getattr(self, "_told_building", False):
+                    self._told_building = True
+                    log.info("building OpenCL kernels for %s (later runs read them from a cache)", self.device.name)
+                log.debug("building OpenCL program %s with %s", label, " ".join(options) or "no options")
                 program = self._build_from_source(source, options, label)
                 if cached is not None:
                     program_cache.store(self, cached, program)
@@ -670,17 +686,11 @@ class OpenCLRuntime(Runtime):
         return private, args
 
     def tune(self, config: Any, quick: bool = False, progress: Any = None) -> dict[str, Any]:
-        """Tune the int4 GEMV for ``config``'s matmul shapes (perfx_opencl.tuning) and cache the result."""
-        from . import ops, tuning  # ops imports this module
-
-        # Token counts that reach the GEMV: with the matrix-unit kernel only single tokens do.
-        ns = [n for n in tuning.SMALL_NS if not ops.on_matrix_units(self, n)]
-        best = tuning.tune_gemv(self, tuning.model_shapes(config), ns, quick=quick, progress=progress)
-        path = tuning.save(self, best)
-        ops.clear_plans(self)  # later launches on this runtime use the new shapes...
-        self._launches.clear()  # ...and the candidates' launches (holding the tuner's weight copies) go
+        """Tune the int4 GEMV for ``config``'s matmul shapes (perfx_opencl.tuner) and cache the result."""
+        result = tuner.tune(self, config, quick=quick, progress=progress)
+        self._launches.clear()  # the candidates' launches (holding the tuner's weight copies) go
         self.tuning_generation += 1  # graphs recorded before now replay the old shapes: make them stale
-        return {"device": self.device.name, "cache": str(path), "best": best}
+        return result
 
     # -- graphs: a decode step's launches recorded once, then queued again without running the ops ------
     def graph_signature(self, positions: np.ndarray) -> Any:
@@ -689,8 +699,6 @@ class OpenCLRuntime(Runtime):
         launches then cost an enqueue each instead of the ops' Python work. PERFX_OPENCL_GRAPHS=0 turns it off."""
         if os.environ.get("PERFX_OPENCL_GRAPHS", "1") == "0":
             return None
-        from . import ops  # ops imports this module
-
         return (*ops.decode_signature(positions), self.tuning_generation)
 
     def begin_capture(self, inputs: tuple[str, ...]) -> None:
@@ -706,7 +714,12 @@ class OpenCLRuntime(Runtime):
             return None  # an upload a replay could not supply
         launches = tuple(capture.launches)
         native = _native_replayer()
-        return _Graph(tuple(capture.uploads.items()), launches, tuple(capture.keep), native and native.plan(launches))
+        return _Graph(
+            tuple(capture.uploads.items()),
+            launches,
+            tuple(capture.keep),
+            native and native.plan(launches),
+        )
 
     def replay(self, graph: _Graph, inputs: dict[str, np.ndarray]) -> None:
         cl, queue = self.cl, self.queue
@@ -794,66 +807,3 @@ class OpenCLRuntime(Runtime):
             self._kernels.clear()
             self.__dict__.pop("_scratch_buffers", None)
             self._closed = True
-
-
-# -- the backends ----------------------------------------------------------------------------------------
-
-
-class OpenCLBackend(Backend):
-    name = "opencl"
-    description = "OpenCL through pyopencl: any OpenCL 1.2+ device (GPUs first; PoCL runs it on the CPU)"
-    variant = "generic"
-
-    def devices(self) -> list[DeviceInfo]:
-        return [_device_info(i, p, d) for i, (p, d) in enumerate(_cl_devices())]
-
-    def _preference(self, found: list[tuple[Any, Any]]) -> list[int]:
-        """Device indices to try when none is named: GPUs before the rest, in platform order."""
-        cl = _pyopencl()
-        return sorted(range(len(found)), key=lambda i: not found[i][1].type & cl.device_type.GPU)
-
-    def open(self, device: int | str | None = None) -> OpenCLRuntime:
-        found = _cl_devices()
-        infos = [_device_info(i, p, d) for i, (p, d) in enumerate(found)]
-        if device is None:
-            reasons = []
-            for i in self._preference(found):
-                try:
-                    return self._open(i, found, infos)
-                except BackendError as exc:  # e.g. a broken ICD: record why and try the next device
-                    reasons.append(f"{infos[i].name}: {exc}")
-            raise BackendUnavailableError("no OpenCL device could be opened: " + "; ".join(reasons))
-        if isinstance(device, int) or (isinstance(device, str) and device.strip().isdigit()):
-            index = int(device)
-            if not 0 <= index < len(found):
-                raise BackendError(f"{self.name} has devices 0..{len(found) - 1}; got {index} (see `perfx backends`)")
-            return self._open(index, found, infos)
-        matches = [i for i, info in enumerate(infos) if str(device).lower() in info.name.lower()]
-        if not matches:
-            names = ", ".join(f"{i}: {info.name}" for i, info in enumerate(infos))
-            raise BackendError(f"no {self.name} device matches {device!r}; devices are {names}")
-        return self._open(matches[0], found, infos)
-
-    def _open(self, index: int, found: list[tuple[Any, Any]], infos: list[DeviceInfo]) -> OpenCLRuntime:
-        platform, device = found[index]
-        runtime = OpenCLRuntime(self.name, infos[index], device, _device_state(index, platform, device), self.variant)
-        # Building a tiny kernel now turns a device whose compiler cannot work (e.g. a PoCL whose LLVM does
-        # not know the host CPU) into an error at open time, which auto-selection records and skips.
-        runtime.build(_PROBE_SOURCE, label="probe.cl")
-        return runtime
-
-
-_PROBE_SOURCE = "__kernel void probe(__global float* x) { x[get_global_id(0)] = 1.0f; }\n"
-
-
-class AdrenoBackend(OpenCLBackend):
-    name = "opencl-adreno"
-    description = (
-        "OpenCL with Adreno kernel variants (texture reads of activations); picks a Qualcomm device, "
-        "runs on any OpenCL device when forced"
-    )
-    variant = "adreno"
-
-    def _preference(self, found: list[tuple[Any, Any]]) -> list[int]:
-        generic = super()._preference(found)
-        return sorted(generic, key=lambda i: not _is_adreno(found[i][1]))

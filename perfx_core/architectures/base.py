@@ -61,6 +61,8 @@ class Family:
     # What it needs beyond Llama's ops (for `perfx backends --ops`): op names, and attention features.
     extra_ops: tuple[str, ...] = ()
     attention_features: tuple[str, ...] = ()
+    # The chat format of the family's instruct models, for files that ship no template (None: ChatML).
+    chat_template: str | None = None
 
 
 def expected_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:

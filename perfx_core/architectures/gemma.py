@@ -96,13 +96,26 @@ def _gemma3_gguf(meta: Mapping[str, Any], arch: str) -> dict[str, Any]:
     return values
 
 
+# Gemma's turns: user and model only; a system message opens the first user turn. (The Gemma 3 270M GGUFs
+# people download often carry no template; ChatML would put it off its format.)
+GEMMA_CHAT_TEMPLATE = (
+    "{%- set system = messages[0]['content'] ~ '\\n\\n' if messages and messages[0]['role'] == 'system' else '' -%}"
+    "{%- for m in messages if m['role'] != 'system' -%}"
+    "{{- '<start_of_turn>' ~ ('model' if m['role'] == 'assistant' else 'user') ~ '\\n' -}}"
+    "{{- system if loop.first else '' -}}"
+    "{{- m['content'] | trim -}}"
+    "{{- '<end_of_turn>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\\n' -}}{%- endif -%}"
+)
+
 GEMMA2 = Family(
     "gemma2", "gemma2", ("gemma2",), hf_norm_offset=1.0, hf_tensors=GEMMA_HF_TENSORS,
     gguf_values=_gemma2_gguf, hf_values=_gemma2_hf, extra_ops=("gelu_mul", "scale", "softcap"),
-    attention_features=("window", "softcap", "scale"),
+    attention_features=("window", "softcap", "scale"), chat_template=GEMMA_CHAT_TEMPLATE,
 )  # fmt: skip
 GEMMA3 = Family(
     "gemma3", "gemma3", ("gemma3_text", "gemma3"), hf_norm_offset=1.0, hf_tensors=GEMMA_HF_TENSORS,
     gguf_values=_gemma3_gguf, hf_values=_gemma3_hf, extra_ops=("gelu_mul", "scale", "head_rmsnorm"),
-    attention_features=("window", "scale"),
+    attention_features=("window", "scale"), chat_template=GEMMA_CHAT_TEMPLATE,
 )  # fmt: skip

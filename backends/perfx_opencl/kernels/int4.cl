@@ -5,7 +5,7 @@
 //           uint4 holds columns 32c+8j .. +7, nibble i (bits 4i..4i+3) is column 32c+8j+i: the same 16 bytes
 //           as perfx_core.weights packs them, so re-packing is a transpose of 16-byte chunks.
 //   scale:  half (k/g, m), read with vload_half so no cl_khr_fp16 is needed;
-//   bias:   float (k/g, m).  W[r, c] = code * scale[c/g][r] + bias[c/g][r].
+//   bias:   float (k/g, m).  W[r, c] = code * scale[c/g][r] + bias[c/g][r] (none for Q4_0: int4_bias.cl).
 // Why chunk-major: consecutive threads take consecutive rows, so a warp's weight loads are one contiguous
 // 512-byte run, and all of them read the same activation chunk (a broadcast), which is what makes decode
 // (GEMV) run at memory bandwidth. k is a multiple of the group size g (32, 64 or 128), so a chunk never
@@ -249,7 +249,7 @@ __kernel __attribute__((reqd_work_group_size(RW, KS, 1))) void int4_gemv(
                     const size_t g = (size_t)((c << 5) >> group_shift) * m + row;
                     w[u][r] = live ? packed[(size_t)c * m + row] : (uint4)(0u);
                     s[u][r] = live ? vload_half(g, scale) : 0.0f;
-                    b[u][r] = live ? bias[g] : 0.0f;
+                    b[u][r] = live ? GROUP_BIAS(bias, g, s[u][r]) : 0.0f;
                 }
             }
 #pragma unroll
@@ -348,5 +348,6 @@ __kernel void embedding_int4(__global const uchar* packed, __global const half* 
     const uchar byte = packed[((size_t)(c >> 5) * vocab + row) * 16 + ((c & 31) >> 1)];
     const float code = (float)((c & 1) ? (byte >> 4) : (byte & 15));
     const size_t g = (size_t)(c >> group_shift) * vocab + row;
-    out[out_off + i * d + c] = code * vload_half(g, scale) + bias[g];
+    const float s = vload_half(g, scale);
+    out[out_off + i * d + c] = code * s + GROUP_BIAS(bias, g, s);
 }

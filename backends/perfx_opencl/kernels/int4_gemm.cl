@@ -41,7 +41,7 @@ __kernel __attribute__((reqd_work_group_size(16, 16, 1))) void int4_gemm(
             if (row < m) {
                 const uint4 w = packed[(size_t)c * m + row];
                 const size_t g = (size_t)(k0 >> group_shift) * m + row;
-                const float s = vload_half(g, scale), b = bias[g];
+                const float s = vload_half(g, scale), b = GROUP_BIAS(bias, g, s);
                 const uint words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
                 for (int word = 0; word < 4; ++word)

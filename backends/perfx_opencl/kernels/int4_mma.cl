@@ -161,7 +161,7 @@ inline void load_group(uint scale2[RT][2], uint bias2[RT][2], __global const ush
         for (int h = 0; h < 2; ++h) {
             const uint s = scale[grp + wrow[i][h]];
             scale2[i][h] = s | (s << 16);
-            const float b = bias[grp + wrow[i][h]];
+            const float b = GROUP_BIAS(bias, grp + wrow[i][h], vload_half(grp + wrow[i][h], (__global const half*)scale));
             bias2[i][h] = half2_of(b, b);
         }
 }

@@ -1,0 +1,147 @@
+"""GGML tensor blocks -> perfx weight formats, a chunk of rows at a time, on a pool of threads.
+
+Each decoder here is a pure function from a chunk of a tensor's rows (as stored in the file) to the same rows in
+perfx's format. ``convert_rows`` runs one over every chunk, in parallel: NumPy releases the GIL in the work that
+matters (gathers, bit operations, casts), and converting a 7B file is the bulk of loading it. Chunks are 256K
+elements, so temporaries stay small next to the result.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import quants as gguf_quants
+
+_CHUNK_ELEMENTS = 1 << 18  # per chunk; a worker holds a few bytes of temporaries per element
+QK_K = 256  # values per K-quant super-block
+
+# One decoder: stored rows (uint8 blocks or typed values) -> the output arrays' rows, in output order.
+Decoder = Callable[[np.ndarray], tuple[np.ndarray, ...]]
+
+
+@cache
+def _pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=min(os.cpu_count() or 1, 16), thread_name_prefix="perfx-convert")
+
+
+def row_chunks(rows: int, cols: int) -> Iterator[slice]:
+    step = max(1, _CHUNK_ELEMENTS // max(cols, 1))
+    for r in range(0, rows, step):
+        yield slice(r, min(r + step, rows))
+
+
+def convert_rows(
+    raw: np.ndarray, cols: int, outputs: tuple[np.ndarray, ...], decode: Decoder, order: np.ndarray | None = None
+) -> tuple[np.ndarray, ...]:
+    """Fill ``outputs`` (each with one row per output row) with ``decode`` of the stored rows.
+
+    Output row ``r`` comes from stored row ``order[r]`` (``r`` without an order), so a row permutation costs no
+    extra pass over the tensor.
+    """
+
+    def one(rs: slice) -> None:
+        stored = np.asarray(raw[rs] if order is None else raw[order[rs]])
+        for out, part in zip(outputs, decode(stored), strict=True):
+            out[rs] = part
+
+    chunks = list(row_chunks(outputs[0].shape[0], cols))
+    if len(chunks) == 1:
+        one(chunks[0])
+    else:
+        for _ in _pool().map(one, chunks):  # re-raises the first failure
+            pass
+    return outputs
+
+
+# -- float types ------------------------------------------------------------------------------------------
+
+
+def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    # bfloat16 is the top half of a float32, so the widening is exact.
+    wide = bits.astype(np.uint32)
+    wide <<= 16
+    return wide.view(np.float32)
+
+
+def q8_0_to_f32(blocks: np.ndarray) -> np.ndarray:
+    rows = blocks.shape[0]
+    b = blocks.reshape(rows, -1, 34)
+    d = np.ascontiguousarray(b[:, :, :2]).view(np.float16).astype(np.float32)  # (rows, nb, 1)
+    values = b[:, :, 2:].view(np.int8).astype(np.float32)
+    values *= d  # int8 (8 bits) times fp16 (11 bits) fits float32's 24-bit mantissa: exact
+    return values.reshape(rows, -1)
+
+
+def dequantize_f16(t: GGMLQuantizationType) -> Decoder:
+    """Any type the gguf library can dequantize, as float16 (raises NotImplementedError for the others)."""
+    return lambda blocks: (gguf_quants.dequantize(blocks, t).astype(np.float16),)
+
+
+# -- int4 types ---------------------------------------------------------------------------------------------
+
+
+@cache
+def _nibble_tables() -> tuple[np.ndarray, np.ndarray]:
+    """For each little-endian pair of GGML bytes (b0, b1): the perfx byte of their low nibbles and of their
+    high ones. GGML's byte j holds element j (low nibble) and j + 16 (high); perfx's byte k holds 2k and 2k + 1."""
+    pair = np.arange(1 << 16, dtype=np.uint32)
+    b0, b1 = pair & 0xFF, pair >> 8
+    low = ((b0 & 0x0F) | ((b1 & 0x0F) << 4)).astype(np.uint8)
+    high = ((b0 >> 4) | (b1 & 0xF0)).astype(np.uint8)
+    return low, high
+
+
+def q4_decoder(t: GGMLQuantizationType) -> Decoder:
+    """Q4_0 / Q4_1 blocks -> (packed, scale, bias) of int4 group 32, bit for bit."""
+    has_min = t == GGMLQuantizationType.Q4_1
+    block_bytes = GGML_QUANT_SIZES[t][1]
+    low, high = _nibble_tables()
+
+    def decode(blocks: np.ndarray) -> tuple[np.ndarray, ...]:
+        n = blocks.shape[0]
+        b = blocks.reshape(n, -1, block_bytes)
+        d = np.ascontiguousarray(b[:, :, 0:2]).view(np.float16)[:, :, 0]
+        if has_min:
+            bias = np.ascontiguousarray(b[:, :, 2:4]).view(np.float16)[:, :, 0].astype(np.float32)
+        else:
+            bias = d.astype(np.float32) * np.float32(-8.0)  # (q - 8) * d == q * d + (-8 d), exactly
+        pairs = np.ascontiguousarray(b[:, :, block_bytes - 16 :]).view(np.uint16)  # (n, nb, 8)
+        packed = np.empty((n, b.shape[1], 16), np.uint8)
+        np.take(low, pairs, out=packed[:, :, :8])  # elements 0..15 of each block
+        np.take(high, pairs, out=packed[:, :, 8:])  # elements 16..31
+        return packed.reshape(n, -1), d, bias
+
+    return decode
+
+
+def _q4_k_scales(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 6-bit scale and min of each of a Q4_K block's 8 sub-blocks, from its 12 packed bytes (..., 12)."""
+    sc = sc.astype(np.uint8)
+    scale = np.empty((*sc.shape[:-1], 8), np.uint8)
+    mins = np.empty_like(scale)
+    scale[..., :4] = sc[..., 0:4] & 63
+    mins[..., :4] = sc[..., 4:8] & 63
+    scale[..., 4:] = (sc[..., 8:12] & 0x0F) | ((sc[..., 0:4] >> 6) << 4)
+    mins[..., 4:] = (sc[..., 8:12] >> 4) | ((sc[..., 4:8] >> 6) << 4)
+    return scale, mins
+
+
+def q4_k_decode(blocks: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Q4_K as int4 with groups of 32: its codes as they are, scale d * sc (float16) and bias -dmin * m (float32,
+    exact), so a value differs from the file's only by the float16 rounding of its group's scale."""
+    n = blocks.shape[0]
+    b = blocks.reshape(n, -1, 144)  # d (2), dmin (2), scales (12), qs (128)
+    nb = b.shape[1]
+    d = np.ascontiguousarray(b[:, :, 0:2]).view(np.float16)[:, :, 0].astype(np.float32)
+    dmin = np.ascontiguousarray(b[:, :, 2:4]).view(np.float16)[:, :, 0].astype(np.float32)
+    sc, m = _q4_k_scales(b[:, :, 4:16])
+    scale = (d[:, :, None] * sc).reshape(n, -1).astype(np.float16)
+    bias = (-(dmin[:, :, None] * m)).reshape(n, -1)
+    qs = b[:, :, 16:].reshape(n, nb, 4, 32)  # 4 chunks of 64 values: low nibbles 32 values, high the next 32
+    codes = np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(n, nb * QK_K)  # in column order
+    return codes[:, 0::2] | (codes[:, 1::2] << 4), scale, bias

@@ -1,0 +1,62 @@
+"""GGUF Q4_0/Q4_1 weights reach the OpenCL device as the file's bytes and are re-packed there (load time): the
+device copy must equal, bit for bit, the one made from the host's conversion. (tests/test_opencl.py runs models
+loaded this way against the NumPy backend: SmolLM2's Q4_1 file, and a Q4_0 one whose biases are derived.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tiny_gguf import write_tiny_llama_gguf
+
+pytest.importorskip("pyopencl", reason="pyopencl is not installed (pip install 'perfx[opencl]')")
+
+from perfx_opencl.backend import OpenCLBackend  # noqa: E402
+
+from perfx_core.gguf_loader import load_llama_gguf  # noqa: E402
+from perfx_core.weights import BlockWeight, Int4Weight, concat_rows  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    rt = OpenCLBackend().open()
+    yield rt
+    rt.close()
+
+
+def _device_arrays(rt, handle) -> list[np.ndarray | None]:
+    return [None if t is None else rt.to_numpy(t) for t in (handle.packed, handle.scale, handle.bias)]
+
+
+@pytest.mark.parametrize("tensor_type", ["Q4_0", "Q4_1"])
+def test_file_blocks_repacked_on_the_device_equal_the_host_conversion(tmp_path, runtime, tensor_type):
+    path = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type=tensor_type, dim=128, ffn_dim=256, seed=5).path
+    assert runtime.block_formats >= {"q4_0", "q4_1"}
+    _, kept, _ = load_llama_gguf(path, keep_blocks=runtime.block_formats)
+    _, host, _ = load_llama_gguf(path)
+    layer_kept, layer_host = kept.layers[1], host.layers[1]
+    pairs = [
+        (
+            concat_rows([layer_kept.wq, layer_kept.wk, layer_kept.wv]),
+            concat_rows([layer_host.wq, layer_host.wk, layer_host.wv]),
+        ),
+        (layer_kept.w_down, layer_host.w_down),
+        (kept.token_embedding, host.token_embedding),
+    ]
+    for blocks, int4 in pairs:
+        assert isinstance(blocks, BlockWeight) and blocks.block_format == tensor_type.lower()
+        assert isinstance(int4, Int4Weight) and blocks.shape == int4.shape
+        got, want = (
+            _device_arrays(runtime, runtime.prepare_weight(blocks)),
+            _device_arrays(runtime, runtime.prepare_weight(int4)),
+        )
+        for g, w in zip(got[:2], want[:2], strict=True):
+            assert g.dtype == w.dtype and g.shape == w.shape
+            np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8))
+        if tensor_type == "Q4_0":  # no biases kept: the kernels derive them, -8 * scale, which is what they are
+            assert got[2] is None
+            np.testing.assert_array_equal(want[2], want[1].astype(np.float32) * np.float32(-8))
+        else:
+            np.testing.assert_array_equal(got[2], want[2])
+        # and the host fallback of a kept weight is the host conversion itself
+        for a, b in zip((blocks.as_int4().packed, blocks.as_int4().bias), (int4.packed, int4.bias), strict=True):
+            np.testing.assert_array_equal(a, b)
