@@ -10,6 +10,7 @@ from functools import lru_cache
 from typing import Any
 
 import jinja2
+import jinja2.meta
 
 from .errors import InvalidArgumentError, ModelFormatError, RequestCancelledError
 from .template_sandbox import BoundedSandbox, RenderBudget, RenderBudgetExceeded, render_within
@@ -37,17 +38,33 @@ def _strftime_now(fmt: str) -> str:
 MAX_TEMPLATE_VALUE = 1 << 22  # characters (or items) of any one value a template builds
 
 
-@lru_cache(maxsize=8)
-def _compile(source: str) -> jinja2.Template:
+def _compile_env() -> BoundedSandbox:
     # Templates come from model files: render them sandboxed, with the helpers HF templates expect.
     env = BoundedSandbox(MAX_TEMPLATE_VALUE, trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
+    return env
+
+
+@lru_cache(maxsize=8)
+def _compile(source: str) -> jinja2.Template:
+    env = _compile_env()
     try:
         return env.from_string(source)
     except jinja2.TemplateSyntaxError as exc:
         raise ModelFormatError(f"the model's chat template does not parse (line {exc.lineno}: {exc.message})") from exc
+
+
+@lru_cache(maxsize=8)
+def template_variables(source: str) -> frozenset[str]:
+    """The variables a template reads from its caller (``messages``, ``tools``, ...)."""
+    return frozenset(jinja2.meta.find_undeclared_variables(_compile_env().parse(source)))
+
+
+def template_takes_tools(template: str | None) -> bool:
+    """Whether the template renders a ``tools`` list itself (Hugging Face's tool-use templates do)."""
+    return bool(template) and "tools" in template_variables(template)
 
 
 def validate_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
@@ -71,8 +88,10 @@ def render_chat(
     eos_token: str = "",
     add_generation_prompt: bool = True,
     cancelled: Callable[[], bool] | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> str:
     """The prompt text for ``messages``; falls back to ChatML (with a warning) when ``template`` is None.
+    ``tools`` (OpenAI-shaped function tools) reach the template as its ``tools`` variable, as in Hugging Face.
 
     The render is bounded (template_sandbox): RENDER_SECONDS, an output of RENDER_SIZE_FACTOR times the
     messages' text plus RENDER_SIZE_ALLOWANCE, and ``cancelled()`` (polled while it runs) stops it early.
@@ -82,6 +101,8 @@ def render_chat(
         template = FALLBACK_CHATML
     clean = validate_messages(messages)
     text_size = sum(len(m["content"]) for m in clean)
+    # Tools and earlier tool calls are rendered too (as JSON, by most templates).
+    text_size += len(json.dumps([tools, [m.get("tool_calls") for m in clean]], ensure_ascii=False, default=str))
     budget = RenderBudget(
         seconds=RENDER_SECONDS,
         max_chars=RENDER_SIZE_FACTOR * text_size + RENDER_SIZE_ALLOWANCE,
@@ -90,6 +111,8 @@ def render_chat(
     variables = dict(
         messages=clean, add_generation_prompt=add_generation_prompt, bos_token=bos_token, eos_token=eos_token
     )
+    if tools is not None:
+        variables["tools"] = [dict(t) for t in tools]
     try:
         return render_within(_compile(template), variables, budget)
     except InvalidArgumentError:

@@ -12,7 +12,7 @@ import numpy as np
 
 from .errors import ContextLengthError, InvalidArgumentError
 from .measure import peak_host_bytes
-from .sampling import Sampler, SamplingParams
+from .sampling import Sampler, SamplingParams, TokenConstraint
 from .stop_strings import StopMatcher, check_stop_strings
 
 if TYPE_CHECKING:
@@ -29,14 +29,22 @@ class TokenEvent:
 
 
 def take_token(
-    token: int, generated: list[int], eos_ids: Collection[int], ignore_eos: bool, max_tokens: int
+    token: int,
+    generated: list[int],
+    eos_ids: Collection[int],
+    ignore_eos: bool,
+    max_tokens: int,
+    complete: bool = False,
 ) -> str | None:
     """The part of accepting a sampled token that needs no text (the server's scheduler does it before the text):
     an end-of-sequence token ends the sequence without joining ``generated`` ("stop"); any other is appended,
-    and ends it when it is the max_tokens-th ("length"). None: go on."""
+    and ends it when its grammar allows nothing more (``complete``: "stop") or when it is the max_tokens-th
+    ("length"). None: go on."""
     if token in eos_ids and not ignore_eos:
         return "stop"
     generated.append(token)
+    if complete:
+        return "stop"
     return "length" if len(generated) >= max_tokens else None
 
 
@@ -47,6 +55,7 @@ def accept_token(
     eos_ids: Collection[int],
     ignore_eos: bool,
     max_tokens: int,
+    complete: bool = False,
 ) -> tuple[str | None, str | None]:
     """Apply one sampled token to a sequence: take_token, then its text.
 
@@ -56,7 +65,7 @@ def accept_token(
     token), "length" (max_tokens reached) or None (go on).
     """
     before = len(generated)
-    reason = take_token(token, generated, eos_ids, ignore_eos, max_tokens)
+    reason = take_token(token, generated, eos_ids, ignore_eos, max_tokens, complete)
     if len(generated) == before:  # an end-of-sequence token: no text
         return None, reason
     delta = streaming.push(token)
@@ -170,6 +179,7 @@ class Generation:
         include_stop: bool = False,
         lock: AbstractContextManager | None = None,
         on_end: Callable[[Generation], None] | None = None,
+        constraint: TokenConstraint | None = None,
     ):
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens < 1:
             raise InvalidArgumentError(f"max_tokens must be an integer >= 1; got {max_tokens!r}")
@@ -182,7 +192,7 @@ class Generation:
         self.prompt_ids = list(prompt_ids)
         self.max_tokens = int(max_tokens)
         self.end_ids = frozenset(tokenizer.eos_ids) | frozenset(stop_token_ids)
-        self.sampler = Sampler(sampling, self.end_ids)
+        self.sampler = Sampler(sampling, self.end_ids, constraint)  # constraint: structured output's grammar
         self.streaming = StreamingText(tokenizer, stop, include_stop=include_stop)
         self.slot = slot
         self.profile = profile
@@ -242,9 +252,10 @@ class Generation:
             position = len(self.prompt_ids)
             # Without a repetition penalty the engine picks the token, greedy or drawn with any filters (on the
             # device when the backend can; the draw is the same on the host, see sampling.engine_draw).
-            params = self.sampler.params
-            device_argmax, picked = params.plain_argmax, None
-            device_sample = not params.greedy and params.engine_sampleable
+            # A grammar masks the logits on the host (structured output): the engine returns them.
+            params, constrained = self.sampler.params, self.sampler.constrained
+            device_argmax, picked = params.plain_argmax and not constrained, None
+            device_sample = not params.greedy and params.engine_sampleable and not constrained
             while True:
                 if picked is not None:
                     token = picked
@@ -256,7 +267,13 @@ class Generation:
                     stats.time_to_first_token_s = time.perf_counter() - start
                     decode_start = time.perf_counter()
                 delta, reason = accept_token(
-                    token, self.token_ids, self.streaming, self.end_ids, self.ignore_eos, self.max_tokens
+                    token,
+                    self.token_ids,
+                    self.streaming,
+                    self.end_ids,
+                    self.ignore_eos,
+                    self.max_tokens,
+                    self.sampler.complete,
                 )
                 if delta is not None:
                     stats.generated_tokens = len(self.token_ids)

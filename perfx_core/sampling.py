@@ -2,8 +2,8 @@
 
 Order (as in Hugging Face transformers): the logit adjustments (repetition penalty over prompt and output,
 OpenAI's frequency and presence penalties over the output, logit bias, and end tokens masked until min_tokens),
-temperature, then top-k, top-p and min-p filters on the tempered distribution, then a seeded draw. Temperature 0
-means greedy.
+a grammar's mask (structured output: perfx_core.grammar), temperature, then top-k, top-p and min-p filters on
+the tempered distribution, then a seeded draw. Temperature 0 means greedy.
 """
 
 from __future__ import annotations
@@ -11,9 +11,11 @@ from __future__ import annotations
 import numbers
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
+from . import defaults
 from .errors import InvalidArgumentError
 
 INT32_MAX = 2**31 - 1
@@ -24,11 +26,11 @@ MAX_LOGIT_BIAS = 1024
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.8
-    top_k: int = 40  # 0 disables
-    top_p: float = 0.95  # 1.0 disables
-    min_p: float = 0.05  # 0.0 disables
-    repetition_penalty: float = 1.0  # 1.0 disables
+    temperature: float = defaults.TEMPERATURE
+    top_k: int = defaults.TOP_K  # 0 disables
+    top_p: float = defaults.TOP_P  # 1.0 disables
+    min_p: float = defaults.MIN_P  # 0.0 disables
+    repetition_penalty: float = defaults.REPETITION_PENALTY  # 1.0 disables
     seed: int | None = None
     frequency_penalty: float = 0.0  # subtracted once per earlier occurrence in the output
     presence_penalty: float = 0.0  # subtracted once from every token already in the output
@@ -114,11 +116,23 @@ class SamplingParams:
         return self.greedy and not self.adjusts_logits
 
 
-class Sampler:
-    """Samples token ids for one sequence from its own random stream (seed, step), so runs repeat with a seed."""
+class TokenConstraint(Protocol):
+    """A grammar's hold on one sequence (perfx_core.grammar.TokenConstraint): the tokens allowed next."""
 
-    def __init__(self, params: SamplingParams, end_ids: Iterable[int] = ()):
+    def mask_logits(self, logits: np.ndarray) -> np.ndarray: ...
+    def accept(self, token: int) -> None: ...
+    @property
+    def complete(self) -> bool: ...
+
+
+class Sampler:
+    """Samples token ids for one sequence from its own random stream (seed, step), so runs repeat with a seed.
+    With a ``constraint`` (structured output), the tokens it does not allow next are masked out of every draw
+    (after the logit adjustments, before temperature and the filters), and each drawn token advances it."""
+
+    def __init__(self, params: SamplingParams, end_ids: Iterable[int] = (), constraint: TokenConstraint | None = None):
         self.params = params
+        self.constraint = constraint
         self.end_ids_set = frozenset(end_ids)  # tokens that end the sequence: masked until params.min_tokens
         self.end_ids = np.fromiter(sorted(self.end_ids_set), dtype=np.int64)
         # The draws' random stream: (seed, step) -> uniforms, the same on every backend (see `sample`); without
@@ -142,9 +156,22 @@ class Sampler:
         logits = np.asarray(logits, dtype=np.float32)
         if p.adjusts_logits:
             logits = self.adjust(logits, history, generated)
-        if p.greedy:
-            return int(np.argmax(logits))
-        return engine_draw(logits, self.engine_row())
+        if self.constraint is not None:
+            logits = self.constraint.mask_logits(logits)
+        token = int(np.argmax(logits)) if p.greedy else engine_draw(logits, self.engine_row())
+        if self.constraint is not None:
+            self.constraint.accept(token)
+        return token
+
+    @property
+    def constrained(self) -> bool:
+        """A grammar picks the allowed tokens: every draw needs the logits (no engine-side picks)."""
+        return self.constraint is not None
+
+    @property
+    def complete(self) -> bool:
+        """The grammar allows nothing more after the last token drawn: the sequence ends there."""
+        return self.constraint is not None and self.constraint.complete
 
     def adjust(self, logits: np.ndarray, history: Iterable[int], generated: Sequence[int]) -> np.ndarray:
         p = self.params

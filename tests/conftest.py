@@ -30,10 +30,25 @@ def smollm2(smollm2_path):
     model.close()
 
 
+@pytest.fixture(scope="session")
+def grammar_server():
+    """One `perfx serve` (4 slots) shared by the structured-output and tool-calling tests: a start is seconds."""
+    from test_serving import serve
+
+    yield from serve("--max-running", "4")
+
+
 # The long modules (OpenCL on PoCL, the real Gemma 3 file against transformers, lm-evaluation-harness against a
 # server) run when named on the command line or with PERFX_LONG_TESTS=1; CI runs them as a step of their own, so
 # the default run stays within minutes.
-LONG_MODULES = ("test_opencl.py", "test_gemma3_gguf.py", "test_lm_eval.py")
+LONG_MODULES = (
+    "test_opencl.py",
+    "test_gemma3_gguf.py",
+    "test_lm_eval.py",
+    "test_gui_xcb.py",
+    "test_ray_serve.py",  # perfx serve --ray: SmolLM2 replicas on a local Ray cluster (~3.5 min on 2 cores)
+    "test_readme.py",  # every README snippet, each a process loading the model
+)
 
 
 def pytest_collection_modifyitems(config, items):

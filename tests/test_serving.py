@@ -263,10 +263,10 @@ def test_four_concurrent_streams_are_decoded_in_one_batch(server, client):
 
 
 def test_load_generator_measures_a_real_server(server):
-    """scripts/bench_serving.py against this server: every request of each level completes with its tokens, the
+    """benchmarks/bench_serving.py against this server: every request of each level completes with its tokens, the
     gaps and the server's own histogram are read, and concurrency 2 is spread over 2 client processes. It only
     targets loopback addresses, and stops at once when its first request is refused (a wrong API key)."""
-    bench = [sys.executable, os.path.join(os.path.dirname(__file__), "..", "scripts", "bench_serving.py")]
+    bench = [sys.executable, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bench_serving.py")]
     run = subprocess.run(
         [*bench, "--url", server.url, "--api-key", API_KEY, "--concurrency", "1,2", "--requests", "2"]
         + ["--max-tokens", "4", "--client-processes", "2", "--json"],
@@ -307,8 +307,9 @@ def test_context_overflow_names_both_numbers(server):
         ("/v1/completions", {"prompt": PROMPT, "temperature": -0.5}, "temperature"),
         ("/v1/completions", {"prompt": PROMPT, "top_p": 1.5}, "top_p"),
         ("/v1/completions", {"prompt": PROMPT, "top_p": 0}, "top_p"),
-        ("/v1/completions", {"prompt": PROMPT, "n": 2}, "n"),
-        ("/v1/completions", {"prompt": PROMPT, "model": "gpt-4"}, "model"),
+        ("/v1/completions", {"prompt": PROMPT, "n": 0}, "n"),
+        ("/v1/completions", {"prompt": PROMPT, "n": 5}, "n"),  # more choices than the server's 4 slots
+        ("/v1/completions", {"prompt": PROMPT, "model": 4}, "model"),
         ("/v1/completions", {"prompt": PROMPT, "max_tokens": "ten"}, "max_tokens"),
         ("/v1/completions", {"prompt": PROMPT, "stream": "yes"}, "stream"),
         ("/v1/completions", {"max_tokens": 4}, "prompt"),
@@ -454,8 +455,8 @@ def test_cli_errors_are_perfx_errors_before_loading(tmp_path):
         cases = [
             (["--port", str(port)], "cannot listen on"),
             ([str(tmp_path / "missing.gguf")], "does not exist"),
-            (["--max-running", "0"], "max-running must be"),
-            (["--mixed-chunk", "0"], "mixed-chunk must be"),
+            (["--max-running", "0"], "argument --max-running: must be an integer >= 1"),
+            (["--mixed-chunk", "0"], "argument --mixed-chunk: must be an integer >= 1"),
             (["--mixed-chunk", "65"], "mixed-chunk must be at most 64"),
         ]
         for options, message in cases:

@@ -84,8 +84,8 @@ def test_sampling_parameters_give_the_python_apis_text(client):
 @pytest.mark.parametrize(
     "extra, param",
     [
-        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
+        ({"guided_json": {"type": "object"}}, "guided_json"),
         ({"logit_bias": {"not-an-id": 1}}, "logit_bias"),
         ({"logit_bias": {"5": 101}}, "logit_bias"),
         ({"frequency_penalty": 2.5}, "frequency_penalty"),

@@ -20,17 +20,22 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import RequestCancelledError
+from .choices import counts_prompt, generation_jobs
 from .config import ServerConfig
+from .embeddings import embeddings_endpoint
 from .guard import GuardMiddleware, error_response, read_json
 from .metrics import CONTENT_TYPE, ServerMetrics
+from .model_names import response_model
 from .protocol import APIError, ParsedRequest, parse_request
 from .responses import ChoiceResult, ResponseBuilder
+from .responses_api import responses_endpoint
 from .scheduler import Failed, Finished, GenerationRequest, PromptLogprobs, QueueFullError, Scheduler, TextDelta
 from .tokenizer_routes import detokenize_body, tokenize_body, tokenizer_info_body
 
@@ -91,8 +96,13 @@ class ServerState:
             )
             on_gpu = model.engine.rt.device.kind == "gpu"
             mixed_steps = c.mixed_steps if c.mixed_steps is not None else on_gpu
-            # Kernels compile and steps are recorded now (/health still 503), not while requests wait.
-            model.engine.warm_up(mixed_steps=mixed_steps, mixed_chunk=c.mixed_chunk)
+            # Kernels compile now (/health still 503), not while requests wait; the steps that are only recorded
+            # (seconds more on a GPU) are recorded by the scheduler while it is idle.
+            log.info("warming up (building kernels); /health answers 503 until it is done")
+            warm_up = model.engine.warm_up_steps(mixed_steps=mixed_steps, mixed_chunk=c.mixed_chunk)
+            for step in warm_up:
+                if step != "kernels":
+                    break
             scheduler = Scheduler(
                 model.engine,
                 model.tokenizer,
@@ -103,6 +113,7 @@ class ServerState:
                 mixed_chunk=c.mixed_chunk,
                 overlap_output=c.overlap_output if c.overlap_output is not None else on_gpu,
                 hold_events=self.held_events,
+                idle_work=warm_up,
             )
             with self._lock:
                 if self._closed:  # the server stopped while we were loading
@@ -255,11 +266,11 @@ def create_app(config: ServerConfig, on_load_failed: Callable[[BaseException], N
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
     async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [model_card()]})
+        return JSONResponse({"object": "list", "data": [model_card(name) for name in config.model_names]})
 
-    def model_card() -> dict[str, Any]:
+    def model_card(name: str) -> dict[str, Any]:
         return {
-            "id": config.model_id,
+            "id": name,
             "object": "model",
             "created": int(config.model_path.stat().st_mtime),
             "owned_by": "perfx",
@@ -267,12 +278,12 @@ def create_app(config: ServerConfig, on_load_failed: Callable[[BaseException], N
         }
 
     async def model_info(request: Request) -> Response:
-        if request.path_params["model_id"] != config.model_id:
+        if request.path_params["model_id"] not in config.model_names:
             error = APIError(
                 404, f"model {request.path_params['model_id']!r} is not served here", code="model_not_found"
             )
             return error_response(error)
-        return JSONResponse(model_card())
+        return JSONResponse(model_card(request.path_params["model_id"]))
 
     async def tokenize(request: Request) -> Response:
         return await _tokenizer_route(request, tokenize_body)
@@ -314,21 +325,7 @@ def create_app(config: ServerConfig, on_load_failed: Callable[[BaseException], N
             state.metrics.requests_rejected.labels("499").inc()
             return Response(status_code=499)
         stream = _Stream(state.event_post(asyncio.get_running_loop()))
-        jobs = [
-            GenerationRequest(
-                prompt.ids,
-                parsed.max_tokens,
-                parsed.sampling,
-                stream.emitter(index),
-                stop=parsed.stop,
-                ignore_eos=parsed.ignore_eos,
-                stop_token_ids=parsed.stop_token_ids,
-                include_stop=parsed.include_stop,
-                logprobs=parsed.logprobs,
-                prompt_logprobs=parsed.echo and parsed.logprobs is not None,
-            )
-            for index, prompt in enumerate(parsed.prompts)
-        ]
+        jobs = generation_jobs(parsed, stream.emitter)  # n per prompt, sharing its prefill
         try:
             for job in jobs:
                 scheduler.submit(job)
@@ -345,10 +342,9 @@ def create_app(config: ServerConfig, on_load_failed: Callable[[BaseException], N
         """parse_request in a worker thread (rendering the chat template and tokenizing a large prompt must not
         stall the streams), cancelled (the template's render stops) when the client goes away meanwhile."""
         gone = threading.Event()
+        name = response_model(config, body)  # 404 for a name this server refuses
         parsing = asyncio.ensure_future(
-            run_in_threadpool(
-                parse_request, body, chat=chat, model_id=config.model_id, model=state.model, cancelled=gone.is_set
-            )
+            run_in_threadpool(parse_request, body, chat=chat, model_id=name, model=state.model, cancelled=gone.is_set)
         )
         while not (await asyncio.wait({parsing}, timeout=DISCONNECT_POLL_S))[0]:
             if await request.is_disconnected():
@@ -384,7 +380,8 @@ def create_app(config: ServerConfig, on_load_failed: Callable[[BaseException], N
                     choice.logprobs[:0] = event.entries
                 elif isinstance(event, Finished):
                     choice.finish_reason = event.finish_reason
-                    choice.prompt_tokens, choice.completion_tokens = event.prompt_tokens, event.completion_tokens
+                    choice.completion_tokens = event.completion_tokens
+                    choice.prompt_tokens = event.prompt_tokens if counts_prompt(parsed, index) else 0
                     left -= 1
                 elif isinstance(event, Failed):
                     _cancel(scheduler, jobs)
@@ -425,7 +422,7 @@ def create_app(config: ServerConfig, on_load_failed: Callable[[BaseException], N
                     yield _sse(builder.chunk(text, index=index, logprobs=event.entries))
                 elif isinstance(event, Finished):
                     finished += 1
-                    usage[0] += event.prompt_tokens
+                    usage[0] += event.prompt_tokens if counts_prompt(parsed, index) else 0
                     usage[1] += event.completion_tokens
                     yield _sse(builder.chunk(None, event.finish_reason, index=index))
                 elif isinstance(event, Failed):
@@ -466,9 +463,21 @@ def create_app(config: ServerConfig, on_load_failed: Callable[[BaseException], N
             Route("/tokenizer_info", tokenizer_info),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/embeddings", embeddings_endpoint(state), methods=["POST"]),
+            Route("/v1/responses", responses_endpoint(state), methods=["POST"]),
         ],
         exception_handlers={HTTPException: on_http_error, APIError: on_api_error},
         lifespan=lifespan,
     )
     app.state.perfx = state
-    return GuardMiddleware(app, config)
+    guarded = GuardMiddleware(app, config)
+    if not config.allowed_origins:
+        return guarded
+    # Outside the guard: a browser's preflight carries no API key, and error answers need the CORS headers too.
+    return CORSMiddleware(
+        guarded,
+        allow_origins=list(config.allowed_origins),
+        allow_methods=["GET", "POST", "OPTIONS"],
+        allow_headers=["*"],  # the openai SDK sends x-stainless-* headers besides Authorization and Content-Type
+        max_age=600,
+    )

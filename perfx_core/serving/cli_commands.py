@@ -8,6 +8,7 @@ import os
 import socket
 import sys
 
+from ..cli_options import add_context_option, non_negative_int, positive_int
 from ..errors import InvalidArgumentError
 from .config import (
     DEFAULT_HEADER_TIMEOUT_S,
@@ -17,6 +18,7 @@ from .config import (
     ServeError,
     ServerConfig,
 )
+from .scaleout.cli_options import add_ray_options, ray_settings, run_on_ray
 
 SWITCH_INTERVAL_S = 0.001  # the GIL switch interval of a serving process (see cmd_serve)
 
@@ -30,11 +32,15 @@ def add_commands(subparsers) -> None:
     serve.add_argument("--backend", "-b", default="numpy", help="backend name (see `perfx backends`)")
     serve.add_argument("--device", "-d", help="device index or name (default: the backend's best)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: localhost only)")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--max-running", type=int, default=8, help="sequences decoded together (KV-cache slots)")
-    serve.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot before 429")
-    serve.add_argument("--context", type=int, help="KV-cache length per slot in tokens (default: min(model, 4096))")
-    serve.add_argument("--prefill-chunk", type=int, default=64, help="prompt tokens prefilled per scheduler step")
+    serve.add_argument("--port", type=non_negative_int, default=8000, help="port to listen on (default 8000)")
+    serve.add_argument(
+        "--max-running", type=positive_int, default=8, help="sequences decoded together (KV-cache slots)"
+    )
+    serve.add_argument("--max-queue", type=non_negative_int, default=64, help="requests waiting for a slot before 429")
+    add_context_option(serve, help="KV-cache length per slot in tokens (default: the model's, at most 4096)")
+    serve.add_argument(
+        "--prefill-chunk", type=positive_int, default=64, help="prompt tokens prefilled per scheduler step"
+    )
     serve.add_argument("--kv-dtype", choices=("float16", "float32"), help="KV-cache dtype (default: the backend's)")
     serve.add_argument(
         "--mixed-steps",
@@ -45,7 +51,7 @@ def add_commands(subparsers) -> None:
     )
     serve.add_argument(
         "--mixed-chunk",
-        type=int,
+        type=positive_int,
         default=DEFAULT_MIXED_CHUNK,
         help=f"prompt tokens per mixed step, at most, up to 64 (default {DEFAULT_MIXED_CHUNK}); a step's rows are "
         "padded to a multiple of 8. Larger: sooner first tokens, longer pauses for the sequences decoding meanwhile",
@@ -70,6 +76,20 @@ def add_commands(subparsers) -> None:
         "loopback address answers only localhost names (against DNS rebinding), one on another address any name",
     )
     serve.add_argument(
+        "--allowed-origins",
+        default="",
+        help="comma-separated browser origins (scheme://host[:port], '*': any) whose pages may call the API "
+        "(CORS); none by default",
+    )
+    serve.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=[],
+        metavar="NAME",
+        help="names clients may use for the model (space- or comma-separated; /v1/models lists them). Other names "
+        "are then refused (404); without it any name is served and the file's name is listed",
+    )
+    serve.add_argument(
         "--header-timeout",
         type=float,
         default=DEFAULT_HEADER_TIMEOUT_S,
@@ -81,7 +101,13 @@ def add_commands(subparsers) -> None:
         default=DEFAULT_LIMIT_CONCURRENCY,
         help=f"open connections at most; more get 503 (default {DEFAULT_LIMIT_CONCURRENCY})",
     )
-    serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    serve.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="server log detail (default info: the model load, warm-up and each request)",
+    )
+    add_ray_options(serve)
     serve.set_defaults(func=cmd_serve)
 
 
@@ -114,10 +140,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         host=args.host,
         allowed_hosts=tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip()),
+        allowed_origins=tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip()),
+        served_model_names=tuple(n.strip() for arg in args.served_model_name for n in arg.split(",") if n.strip()),
         header_timeout_s=args.header_timeout,
         limit_concurrency=args.limit_concurrency,
     )
-    _check_port_free(args.host, args.port)
+    replicas = ray_settings(args)  # None without --ray (Ray is then never imported)
+    if replicas is None or args.ray_address is None:  # a joined cluster's proxies listen on its nodes, maybe not here
+        _check_port_free(args.host, args.port)
+    if replicas is not None:
+        return run_on_ray(args, config, replicas)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
     load_errors: list[BaseException] = []
     server: uvicorn.Server | None = None

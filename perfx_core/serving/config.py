@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +13,7 @@ DEFAULT_MAX_BODY_BYTES = 1 << 20
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_LIMIT_CONCURRENCY = 1024  # open connections and requests; beyond it uvicorn answers 503
 DEFAULT_MIXED_CHUNK = 16
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s]+", re.IGNORECASE)  # scheme://host[:port], as browsers send it
 
 
 class ServeError(PerfxError):
@@ -34,7 +36,8 @@ class ServerConfig:
     # Prompt tokens per mixed step, at most. Its rows are padded to whole tiles of 8 (model.MIXED_GRAPH_ROUNDING),
     # and every decoding sequence waits for the whole step (H200, 7B, ms of device time: 15 decode rows alone
     # 4.90, with an 8-token chunk 5.84, with 16 6.03). 8 instead of 16 took the c16 client p99 from 7.6 and 7.3
-    # to 7.5 and 6.9 ms but output tokens/s down 14%: twice the mixed steps (docs/serving.md, session 10).
+    # to 7.5 and 6.9 ms but output tokens/s down 14%: twice the mixed steps
+    # (docs/results/h200_serving_mixed_chunk_8_vs_16.txt).
     mixed_chunk: int = DEFAULT_MIXED_CHUNK
     # A step's text (detokenizing, stop strings, events) handled while the device runs the next step; None: on
     # where the device is a GPU (a CPU backend computes while queueing, so there is nothing to overlap).
@@ -45,6 +48,10 @@ class ServerConfig:
     allowed_hosts: tuple[str, ...] = ()  # Host names answered besides the defaults ("*": any)
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S  # request headers (and then the body) must arrive in this
     limit_concurrency: int = DEFAULT_LIMIT_CONCURRENCY
+    allowed_origins: tuple[str, ...] = ()  # browser origins granted CORS ("*": any); none by default
+    # The names clients may put in "model" and /v1/models lists. None given: the file's name is listed and any
+    # name is served (a server has one model, and many clients hard-code a name); given: only these.
+    served_model_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("max_running", "prefill_chunk", "mixed_chunk", "max_body_bytes", "limit_concurrency"):
@@ -64,9 +71,35 @@ class ServerConfig:
             raise InvalidArgumentError(f"header-timeout must be in (0, 3600] seconds; got {self.header_timeout_s!r}")
         if self.api_key is not None and not self.api_key.strip():
             raise InvalidArgumentError("the API key is empty: pass a non-empty --api-key or unset PERFX_API_KEY")
+        for origin in self.allowed_origins:
+            if origin != "*" and not _ORIGIN.fullmatch(origin):
+                raise InvalidArgumentError(
+                    f"allowed-origins: {origin!r} is not an origin; write scheme://host[:port] with no path "
+                    "(http://localhost:3000), or '*' for any"
+                )
+        for name in self.served_model_names:
+            if not isinstance(name, str) or not name.strip() or name != name.strip():
+                raise InvalidArgumentError(f"served-model-name: {name!r} is not a name (empty or spaced)")
+        if len(set(self.served_model_names)) != len(self.served_model_names):
+            raise InvalidArgumentError(f"served-model-name lists a name twice: {', '.join(self.served_model_names)}")
 
     @property
     def model_id(self) -> str:
         """The name clients put in ``model``: the file name without ``.gguf``."""
         name = self.model_path.name
         return name[: -len(".gguf")] if name.lower().endswith(".gguf") else name
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """What /v1/models lists: the --served-model-name names, else the file's name."""
+        return self.served_model_names or (self.model_id,)
+
+    def response_model_name(self, requested: object) -> str | None:
+        """The name a response reports for a request naming ``requested``: that name when it is listed, the first
+        listed one when none or (without --served-model-name) any other is asked for; None when the request must
+        be refused (an unlisted name while --served-model-name is given)."""
+        if isinstance(requested, str) and requested in self.model_names:
+            return requested
+        if requested and isinstance(requested, str) and self.served_model_names:
+            return None
+        return self.model_names[0]

@@ -4,7 +4,8 @@ that cannot hurt the parser, and a connection that must send its headers in time
 - Host: a server bound to a loopback address answers only requests that name a loopback host (or one of
   ``--allowed-hosts``), so a web page cannot reach it through DNS rebinding.
 - Content-Type: bodies must be ``application/json``. A browser sends ``text/plain`` cross-site without a CORS
-  preflight; JSON needs one, which this server does not grant, so no page can drive generations.
+  preflight; JSON needs one, which this server grants only to ``--allowed-origins`` (app.py: CORSMiddleware), so
+  no other page can drive generations.
 - JSON: nesting, huge integers and lone surrogates are 400s, not failures deeper in.
 - Slow clients: a connection that has not finished its request headers within ``header_timeout_s`` is closed
   (uvicorn's own timeout only covers idle keep-alive connections), and a body must arrive within as long.

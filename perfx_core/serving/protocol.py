@@ -2,11 +2,13 @@
 
 Mapping of OpenAI parameters (see docs/serving.md):
   temperature (default 1, 0 = greedy), top_p (default 1), seed, stop (strings, bounded in total length),
-  max_tokens / max_completion_tokens (0 with echo: scoring), n (only 1), stream, stream_options.include_usage,
-  logprobs / top_logprobs, echo, prompt lists (one choice each).
+  max_tokens / max_completion_tokens (0 with echo: scoring), n (up to the server's slots), stream,
+  stream_options.include_usage, logprobs / top_logprobs, echo, prompt lists (n choices each).
   perfx extensions: top_k (default 0 = off), min_p (default 0 = off), repetition_penalty, ignore_eos.
   frequency_penalty, presence_penalty, logit_bias; vLLM's min_tokens, stop_token_ids,
-  include_stop_str_in_output. Parameters perfx does not implement (tools, response_format, ...) are 400s.
+  include_stop_str_in_output. response_format (json_object, json_schema) and tools / tool_choice /
+  parallel_tool_calls (chat), enforced with a grammar (perfx_core.grammar, perfx_core.tools).
+  Parameters perfx does not implement (functions, suffix, grammar, guided_*, ...) are 400s.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ContextLengthError, InvalidArgumentError, RequestCancelledError
+from ..grammar import Grammar, GrammarError, TokenConstraint, json_schema_grammar, response_format_schema
 from ..logprobs import MAX_TOP_LOGPROBS
 from ..sampling import INT32_MAX, MAX_LOGIT_BIAS, UINT64_MAX, SamplingParams
 from ..stop_strings import check_stop_strings
+from ..tools import ToolChoice, ToolSpecError, tool_choice
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the rest of the context
 MAX_STOP_STRINGS = 64  # any number, bounded with their total length (stop_strings.MAX_STOP_CHARS)
@@ -72,6 +76,9 @@ class ParsedRequest:
     include_stop: bool = False
     logprobs: int | None = None  # alternatives reported per token; None: no logprobs
     echo: bool = False  # completions: the prompt is part of the text (and of the logprobs)
+    n: int = 1  # choices per prompt: ``prompts`` holds each prompt n times in a row
+    tools: ToolChoice | None = None  # tools offered (chat): their calls are parsed out of the text
+    constraints: tuple[TokenConstraint, ...] = ()  # structured output: each choice's grammar state
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -157,7 +164,10 @@ def parse_messages(body: dict) -> list[dict[str, str]]:
                 f"messages[{i}].role {message['role']!r} is not one of {', '.join(CHAT_ROLES)}", "messages"
             )
         role = "system" if message["role"] == "developer" else message["role"]
-        out.append({"role": role, "content": _message_text(message.get("content"), i)})
+        clean = {"role": role, "content": _message_text(message.get("content"), i)}
+        # An assistant's tool calls and a tool result's call id are part of the conversation (checked by tools.py).
+        clean.update({k: message[k] for k in ("tool_calls", "tool_call_id", "name") if message.get(k) is not None})
+        out.append(clean)
     return out
 
 
@@ -187,11 +197,8 @@ def parse_prompts(body: dict, tokenizer: Any, vocab_size: int) -> list[Prompt]:
 
 # Parameters perfx does not implement yet: a 400 naming them beats a reply that silently ignores them.
 UNSUPPORTED = (
-    "tools",
-    "tool_choice",
     "functions",
     "function_call",
-    "response_format",
     "suffix",
     "grammar",
     "json_schema",
@@ -200,7 +207,35 @@ UNSUPPORTED = (
     "guided_choice",
     "guided_grammar",
 )
-HARMLESS_VALUES = {"tools": ([],), "tool_choice": ("none",), "response_format": ({"type": "text"},), "suffix": ("",)}
+HARMLESS_VALUES = {"suffix": ("",)}
+
+
+def _output_rules(body: dict, chat: bool, tokenizer: Any) -> tuple[ToolChoice | None, Grammar | None]:
+    """The tools a chat request offers and the grammar its output must match (response_format and/or the tool
+    choice; perfx_core.grammar, perfx_core.tools); 400s name the parameter at fault."""
+    if not chat:
+        for name in ("tools", "tool_choice", "parallel_tool_calls"):
+            if body.get(name) is not None:
+                raise bad_request(f"'{name}' applies to /v1/chat/completions", name)
+    try:
+        tools = tool_choice(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"))
+    except ToolSpecError as exc:
+        raise bad_request(str(exc), exc.param) from None
+    response_format = body.get("response_format")
+    try:
+        schema = response_format_schema(response_format) if response_format is not None else None
+    except GrammarError as exc:
+        raise bad_request(str(exc), "response_format") from None
+    try:
+        content = json_schema_grammar(schema, tokenizer) if schema is not None else None
+    except GrammarError as exc:
+        raise bad_request(f"response_format: {exc}", "response_format", "invalid_schema") from None
+    if tools is None:
+        return None, content
+    try:
+        return tools, tools.grammar(tokenizer, schema)
+    except GrammarError as exc:
+        raise bad_request(f"tools: {exc}", "tools", "invalid_schema") from None
 
 
 def _refuse_unsupported(body: dict) -> None:
@@ -255,19 +290,15 @@ def parse_request(
     body: Any, *, chat: bool, model_id: str, model: Any, cancelled: Callable[[], bool] | None = None
 ) -> ParsedRequest:
     """Validate an OpenAI request body against the loaded ``model``; raises APIError (400) on bad input, and
-    RequestCancelledError when ``cancelled()`` turns true while the chat template renders."""
+    RequestCancelledError when ``cancelled()`` turns true while the chat template renders. ``model_id`` is the
+    name the response reports: the caller has checked the requested name (ServerConfig.response_model_name)."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     name = body.get("model")
     if name is not None and not isinstance(name, str):
         raise bad_request(f"'model' must be a string; got {name!r}", "model")
-    if name and name != model_id:
-        raise bad_request(
-            f"model {name!r} is not served here; this server serves {model_id!r}", "model", "model_not_found"
-        )
-    n = _integer(body, "n", 1)
-    if n not in (None, 1):
-        raise bad_request(f"'n' must be 1: one completion per request; got {n}", "n")
+    # n choices decode side by side, one KV-cache slot each: at most as many as the server has slots.
+    n = _integer(body, "n", 1, model.engine.n_slots) or 1
     temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
     min_p = _number(body, "min_p", 0.0, 0.0, 1.0)
@@ -277,6 +308,7 @@ def parse_request(
     frequency_penalty = _number(body, "frequency_penalty", 0.0, -2.0, 2.0)
     presence_penalty = _number(body, "presence_penalty", 0.0, -2.0, 2.0)
     _refuse_unsupported(body)
+    tools, grammar = _output_rules(body, chat, model.tokenizer)
     vocab = model.config.vocab_size
     logit_bias = _logit_bias(body, vocab)
     stop_token_ids = _token_id_list(body, "stop_token_ids", vocab)
@@ -309,13 +341,18 @@ def parse_request(
     if chat:
         messages = parse_messages(body)
         try:
-            prompts = [Prompt(model.chat_prompt_ids(messages, cancelled=cancelled), "")]
+            prompts = [Prompt(model.chat_prompt_ids(messages, cancelled=cancelled, tools=tools), "")]
         except RequestCancelledError:
             raise
+        except ToolSpecError as exc:  # a malformed tool call or tool message in the history
+            raise bad_request(str(exc), exc.param) from None
         except Exception as exc:  # the model's own Jinja template can reject a conversation (e.g. role order)
             raise bad_request(f"the model's chat template rejected these messages: {exc}", "messages") from None
     else:
         prompts = parse_prompts(body, model.tokenizer, model.config.vocab_size)
+    if len(prompts) * n > MAX_PROMPTS:
+        raise bad_request(f"at most {MAX_PROMPTS} choices per request (prompts x n); got {len(prompts) * n}", "n")
+    prompts = [prompt for prompt in prompts for _ in range(n)]  # choice index = prompt index * n + j
     context = model.context_length
     longest = max(len(p.ids) for p in prompts)
     if max_tokens is None:
@@ -342,6 +379,10 @@ def parse_request(
         raise bad_request(str(exc)) from None
     if min_tokens > max_tokens:
         raise bad_request(f"'min_tokens' ({min_tokens}) exceeds max_tokens ({max_tokens})", "min_tokens")
+    try:  # each choice follows the grammar on its own (made here, in the request's worker thread)
+        constraints = tuple(grammar.constraint() for _ in prompts) if grammar is not None else ()
+    except GrammarError as exc:
+        raise bad_request(str(exc), "tools" if tools is not None else "response_format", "invalid_schema") from None
     return ParsedRequest(
         chat,
         model_id,
@@ -356,4 +397,7 @@ def parse_request(
         include_stop,
         logprobs,
         echo,
+        n,
+        tools=tools,
+        constraints=constraints,
     )

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..logprobs import TokenLogprob
 from ..tokenizer import TokenType
+from ..tools import ToolCallStream, parse_tool_calls
 from .protocol import ParsedRequest
 
 
@@ -33,6 +34,7 @@ class ResponseBuilder:
         self.tokenizer = tokenizer
         self.id = ("chatcmpl-" if request.chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
+        self._streams: dict[int, ToolCallStream] = {}  # per choice, when tools are offered and the reply streams
 
     def _base(self, object_name: str) -> dict[str, Any]:
         return {"id": self.id, "object": object_name, "created": self.created, "model": self.request.model}
@@ -49,15 +51,17 @@ class ResponseBuilder:
         wants_logprobs = self.request.logprobs is not None
         if self.request.chat:
             body = self._base("chat.completion")
-            body["choices"] = [
-                {
-                    "index": c.index,
-                    "message": {"role": "assistant", "content": c.text},
-                    "logprobs": self.chat_logprobs(c.logprobs) if wants_logprobs else None,
-                    "finish_reason": c.finish_reason,
-                }
-                for c in choices
-            ]
+            body["choices"] = []
+            for c in choices:
+                message = self.message(c.text)
+                body["choices"].append(
+                    {
+                        "index": c.index,
+                        "message": message,
+                        "logprobs": self.chat_logprobs(c.logprobs) if wants_logprobs else None,
+                        "finish_reason": self.finish_reason(c.finish_reason, "tool_calls" in message),
+                    }
+                )
         else:
             body = self._base("text_completion")
             body["choices"] = [
@@ -86,6 +90,9 @@ class ResponseBuilder:
         if self.request.chat:
             body = self._base("chat.completion.chunk")
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
+            if self.request.tools is not None and not first:
+                text = self._tool_delta(delta, index, text, finish_reason is not None)
+                finish_reason = self.finish_reason(finish_reason, bool(self._streams[index].calls))
             if text:
                 delta["content"] = text
             shaped = self.chat_logprobs(logprobs) if wants_logprobs and logprobs else None
@@ -97,6 +104,36 @@ class ResponseBuilder:
         if self.request.include_usage:
             body["usage"] = None
         return body
+
+    # -- tool calls ----------------------------------------------------------------------------------------
+    def message(self, text: str) -> dict[str, Any]:
+        """A whole chat message: its text, or with tools offered the content and calls parsed from it."""
+        if self.request.tools is None:
+            return {"role": "assistant", "content": text}
+        content, calls = parse_tool_calls(text, self.request.tools)
+        message: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
+        if calls:
+            message["tool_calls"] = [call.as_dict() for call in calls]
+        return message
+
+    @staticmethod
+    def finish_reason(reason: str | None, called: bool) -> str | None:
+        """OpenAI's: a message that ends in tool calls ends with "tool_calls"."""
+        return "tool_calls" if called and reason == "stop" else reason
+
+    def _tool_delta(self, delta: dict[str, Any], index: int, text: str | None, last: bool) -> str:
+        """Feed ``text`` to choice ``index``'s tool-call parser: sets ``delta["tool_calls"]`` for the calls it
+        completes, and returns the content to stream (text that may start a call is held until it is one)."""
+        stream = self._streams.get(index)
+        if stream is None:
+            stream = self._streams[index] = ToolCallStream(self.request.tools.names)
+        before = len(stream.calls)
+        content, calls = stream.push(text or "")
+        if last:
+            content += stream.flush()
+        if calls:
+            delta["tool_calls"] = [{"index": before + k, **call.as_dict()} for k, call in enumerate(calls)]
+        return content
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
         body = self._base("chat.completion.chunk" if self.request.chat else "text_completion")

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -27,9 +27,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..generation import StreamingText, take_token
+from ..grammar import prefetch_masks
 from ..logprobs import TokenLogprob, token_logprobs
+from ..pooling import MeanPool
 from ..prefix_cache import SlotPrefixes
-from ..sampling import Sampler, SamplingParams
+from ..sampling import Sampler, SamplingParams, TokenConstraint
 from .config import DEFAULT_MIXED_CHUNK
 
 if TYPE_CHECKING:
@@ -70,7 +72,14 @@ class Failed:
     message: str
 
 
-Event = TextDelta | PromptLogprobs | Finished | Failed
+@dataclass(frozen=True)
+class Embedding:
+    """For a request with ``embed``, before Finished: the prompt's pooled hidden state (perfx_core.pooling)."""
+
+    vector: np.ndarray
+
+
+Event = TextDelta | PromptLogprobs | Finished | Failed | Embedding
 
 
 @dataclass
@@ -87,6 +96,13 @@ class GenerationRequest:
     include_stop: bool = False  # the text keeps the stop string that ended it
     logprobs: int | None = None  # report each generated token's logprob and this many alternatives
     prompt_logprobs: bool = False  # also the prompt's (PromptLogprobs); max_tokens may then be 0: scoring only
+    embed: bool = False  # the prompt's embedding (Embedding) instead of tokens; max_tokens must be 0
+    # A request submitted before this one with the same prompt (the first choice of an n > 1 request): once
+    # it has prefilled the prompt, this one copies that cache into its own slot instead of computing it again.
+    prefill_from: GenerationRequest | None = None
+    # Structured output: this request's place in its grammar (perfx_core.grammar), masking each draw. Its rows
+    # bring the logits back (no engine-side picks).
+    constraint: TokenConstraint | None = None
     arrival: float = field(default_factory=time.perf_counter)
     cancelled: bool = False  # set by the request's thread; the scheduler drops it before its next step
 
@@ -113,6 +129,8 @@ class _Sequence:
     last_token_time: float = 0.0  # 0 until the first token
     finish_reason: str | None = None
     done: bool = False
+    pool: MeanPool | None = None  # an embedding request's hidden rows so far
+    source: _Sequence | None = None  # the sequence prefilling this one's prompt, whose cache it will copy
 
     @property
     def prefilling(self) -> bool:
@@ -143,6 +161,7 @@ class Scheduler:
         overlap_output: bool = False,
         prefix_cache: bool = True,
         hold_events: Callable[[], AbstractContextManager[None]] = nullcontext,
+        idle_work: Iterator[object] | None = None,
     ):
         self.engine = engine
         self.tokenizer = tokenizer
@@ -159,6 +178,8 @@ class Scheduler:
         # Entered around each handling of text: emitted events may wait in it, so whoever receives them is woken
         # once it is done, not in the middle of it (the two threads would take turns on the GIL).
         self.hold_events = hold_events
+        # Steps run one at a time while no request is waiting or running (the rest of the engine's warm-up).
+        self._idle_work = idle_work
         self.n_slots = engine.n_slots
         self.max_batch_size = 0  # largest decode batch so far: shows batching really happened
         self._cond = threading.Condition()
@@ -179,6 +200,11 @@ class Scheduler:
     @property
     def waiting(self) -> int:
         return len(self._waiting)
+
+    @property
+    def idle_work_left(self) -> bool:
+        """Whether idle work (the rest of the warm-up) is still to run."""
+        return self._idle_work is not None
 
     @property
     def slots_used(self) -> int:
@@ -222,12 +248,17 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and not self._waiting and not self._running:
+                while not self._stopping and not self._waiting and not self._running and self._idle_work is None:
                     self._cond.wait()
                 if self._stopping:
                     break
-                self._drop_cancelled()
-                self._admit()
+                idle = not self._waiting and not self._running
+                if not idle:
+                    self._drop_cancelled()
+                    self._admit()
+            if idle:
+                self._idle_step()
+                continue
             try:
                 self._step()
             except Exception:  # a failed step fails the sequences that cause it, not the batch or the server
@@ -240,6 +271,17 @@ class Scheduler:
             self._fail(seq, "the server is shutting down")
         for request in self._waiting:
             request.emit(Failed("the server is shutting down"))
+
+    def _idle_step(self) -> None:
+        """One step of the idle work; a request that arrives meanwhile waits for this one step only."""
+        try:
+            next(self._idle_work)  # type: ignore[arg-type]
+        except StopIteration:
+            self._idle_work = None
+            log.info("warm-up finished: every step a request can take is recorded")
+        except Exception:  # warm-up is an optimisation: serving goes on without the rest of it
+            self._idle_work = None
+            log.exception("warming up while idle failed; the remaining steps are recorded when first used")
 
     def _drop_cancelled(self) -> None:
         if any(r.cancelled for r in self._waiting):
@@ -255,26 +297,53 @@ class Scheduler:
         while self._waiting and self._free_slots:
             request = self._waiting.popleft()
             slot, cached = self._prefixes.choose(self._free_slots, request.prompt_ids)
-            if not self.prefix_cache or request.prompt_logprobs:  # a scored prompt needs every row's logits
+            # A scored prompt needs every row's logits, an embedded one every row's hidden state.
+            if not self.prefix_cache or request.prompt_logprobs or request.embed:
                 cached = 0
             self._free_slots.remove(slot)
             self._prefixes.take(slot)
             seq = _Sequence(
                 request,
                 slot=slot,
-                sampler=Sampler(request.sampling, self.tokenizer.eos_ids | request.stop_token_ids),
+                sampler=Sampler(request.sampling, self.tokenizer.eos_ids | request.stop_token_ids, request.constraint),
                 streaming=StreamingText(self.tokenizer, request.stop, include_stop=request.include_stop),
                 prefilled=cached,
+                source=self._prefill_source(request),
             )
             self._running.append(seq)
             if self.metrics:
                 self.metrics.prompt_tokens.inc(len(request.prompt_ids))
                 self.metrics.prompt_tokens_cached.inc(cached)
 
+    def _prefill_source(self, request: GenerationRequest) -> _Sequence | None:
+        source = request.prefill_from
+        if source is None or request.prompt_logprobs or request.embed or source.prompt_ids != request.prompt_ids:
+            return None
+        return next((s for s in self._running if s.request is source and not s.done), None)
+
+    def _copy_shared_prefills(self) -> None:
+        """Sequences whose prompt another one is prefilling (the choices of an n > 1 request) copy its cache once
+        it is there, all but the last token: each computes that one itself for logits of its own. One whose
+        source ended before its prompt was in (cancelled, failed) prefills on its own."""
+        for seq in self._running:
+            source = seq.source
+            if source is None or seq.done or (source.prefilling and not source.done):
+                continue
+            seq.source = None
+            if source.prefilling or source.finish_reason == "error" or all(s is not source for s in self._running):
+                continue
+            shared = len(seq.request.prompt_ids) - 1
+            if shared > seq.prefilled:
+                self.engine.copy_prefix(source.slot, seq.slot, shared)
+                if self.metrics:
+                    self.metrics.prompt_tokens_cached.inc(shared - seq.prefilled)
+                seq.prefilled = shared
+
     def _step(self) -> None:
         """Queue this iteration's engine work, handle the text of tokens already taken (with ``overlap_output``
         while the device runs that work), then take the step's tokens."""
         collect = self._queue_work()
+        self._prefetch_masks()  # (while the device runs the step, where it runs apart from the host)
         if self.overlap_output:
             self._send_texts()
         if collect is not None:
@@ -288,10 +357,12 @@ class Scheduler:
         """Queue the next engine step (a prompt chunk and/or a decode or mixed step); returns what takes its
         tokens once it is done (None when nothing was queued). A prefill on its own is waited for here."""
         engine = self.engine
-        prefilling = next((s for s in self._running if s.prefilling and not s.done), None)
+        self._copy_shared_prefills()
+        prefilling = next((s for s in self._running if s.prefilling and not s.done and s.source is None), None)
         batch = self._decode_batch()
-        # A prompt whose every row is scored prefills on its own: a mixed step returns only its last row.
-        if prefilling is not None and batch and self.mixed_steps and not prefilling.request.prompt_logprobs:
+        # A prompt whose every row is scored (or pooled) prefills on its own: a mixed step returns only its last row.
+        scored = prefilling is not None and (prefilling.request.prompt_logprobs or prefilling.request.embed)
+        if prefilling is not None and batch and self.mixed_steps and not scored:
             # Only with room for a full mixed chunk (or the prompt's rest): a few tokens per step would starve it.
             room = engine.mixed_prompt_room(len(batch))
             remaining = len(prefilling.request.prompt_ids) - prefilling.prefilled
@@ -326,7 +397,12 @@ class Scheduler:
         first = seq.prefilled
         chunk = prompt[first : first + self.prefill_chunk]
         start = time.perf_counter()
-        logits = self.engine.prefill(chunk, seq.slot, first, all_logits=request.prompt_logprobs)
+        if request.embed:
+            hidden = self.engine.prefill_hidden(chunk, seq.slot, first)
+            seq.pool = seq.pool or MeanPool(hidden.shape[1])
+            seq.pool.add(hidden)
+        else:
+            logits = self.engine.prefill(chunk, seq.slot, first, all_logits=request.prompt_logprobs)
         if self.metrics:
             self.metrics.engine_seconds.labels("prefill").observe(time.perf_counter() - start)
         seq.prefilled += len(chunk)
@@ -338,8 +414,11 @@ class Scheduler:
             logits = logits[-1]
         if not seq.prefilling:
             seq.position = len(prompt)
+            self._copy_shared_prefills()  # now: a short generation may end (and free its slot) this iteration
             if request.prompt_logprobs:
                 request.emit(PromptLogprobs(tuple(seq.prompt_logprobs)))
+            if seq.pool is not None:
+                request.emit(Embedding(seq.pool.vector()))
             if request.max_tokens == 0:  # scoring only: no token is generated
                 seq.ending = "length"
             else:
@@ -388,6 +467,7 @@ class Scheduler:
             prefilling.prefilled += len(chunk)
             if not prefilling.prefilling:  # the chunk's last token gives the sequence its first token
                 prefilling.position = len(prompt)
+                self._copy_shared_prefills()
                 self._take_rows([prefilling], rows[-1:], bool(picks), advance=False)
 
         return collect
@@ -400,13 +480,23 @@ class Scheduler:
     def _decode_batch(self) -> list[_Sequence]:
         return [s for s in self._running if s.pending is not None and not s.done and not s.request.cancelled]
 
+    def _prefetch_masks(self) -> None:
+        """The grammar masks of the constrained sequences' next tokens, computed together in the grammar
+        engine's threads rather than one after another as each row is taken."""
+        constraints = [s.sampler.constraint for s in self._running if s.sampler.constrained and not s.done]
+        if len(constraints) > 1:
+            try:
+                prefetch_masks(constraints)
+            except Exception:  # each mask is then computed (and any error met) as its sequence's row is taken
+                log.exception("computing grammar masks together failed")
+
     @staticmethod
     def _picks(seqs: list[_Sequence]) -> dict:
         """How the engine picks the next tokens: argmax when every sequence is plain greedy, a draw on the
         engine when none has a repetition penalty (greedy, or drawn with any filters: the draws each sequence's
         Sampler would make from the logits, sampling.engine_draw), else the logits come back."""
-        if any(s.request.logprobs is not None for s in seqs):
-            return {}  # their logprobs need the logits
+        if any(s.request.logprobs is not None or s.sampler.constrained for s in seqs):
+            return {}  # their logprobs, or their grammar's mask, need the logits
         if all(s.request.sampling.plain_argmax for s in seqs):
             return {"argmax": True}
         if all(s.request.sampling.engine_sampleable for s in seqs):
@@ -444,7 +534,9 @@ class Scheduler:
             token = seq.sampler(logits, history, seq.generated)
         before = len(seq.generated)
         end_ids = seq.sampler.end_ids_set
-        seq.ending = take_token(token, seq.generated, end_ids, request.ignore_eos, request.max_tokens)
+        seq.ending = take_token(
+            token, seq.generated, end_ids, request.ignore_eos, request.max_tokens, seq.sampler.complete
+        )
         seq.unsent += len(seq.generated) - before  # an end-of-sequence token has no text
         if request.logprobs is not None and len(seq.generated) > before:
             seq.generated_logprobs.extend(token_logprobs(logits, [token], request.logprobs))
