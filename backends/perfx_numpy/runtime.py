@@ -90,6 +90,8 @@ class NumpyRuntime(Runtime):
         return handle
 
     def new_kv_cache(self, spec: KVCacheSpec) -> NumpyKVCache:
+        # The most sequences a cache here holds: ops that trade memory for batched-decode speed look at it.
+        self.kv_slots = max(getattr(self, "kv_slots", 0), spec.n_slots)
         return NumpyKVCache(
             spec, self.track(np.zeros(spec.shape, dtype=spec.dtype)), self.track(np.zeros(spec.shape, dtype=spec.dtype))
         )

@@ -4,7 +4,8 @@
   scale and bias (never the float copy), ``s * (x_g . q_g) + b * sum(x_g)`` per group, on a copy of the
   codes laid out in blocks of 64 rows (kernels.int4_block_layout); parallel over row blocks while the
   machine is otherwise idle, single-threaded when other processes load it (see _Machine).
-- ``int4_gemm`` with SMALL_N < n <= BATCH_N (batched decode): BLAS on the NumPy backend's cached float copy.
+- ``int4_gemm`` with SMALL_N < n <= BATCH_N: the packed kernel too on a runtime with one KV slot (a short
+  prompt), else (batched decode) BLAS on the NumPy backend's cached float copy.
 - ``int4_gemm`` with larger n (prefill): W dequantized into a reused float32 scratch buffer (in tiles only
   for huge matrices), then one BLAS call.
 - ``dense_gemm`` with n <= SMALL_N on a float32 weight that is exactly int8 * per-32-block scale (GGUF Q8_0
@@ -184,11 +185,22 @@ def _f32(x):
     return x if x.dtype == np.float32 else x.astype(np.float32)
 
 
+def _packed(rt, w, n: int) -> bool:
+    """Whether an int4 matmul of ``n`` rows runs the packed kernel. Up to SMALL_N rows always; up to BATCH_N too
+    on a runtime with one KV slot (perfx run, chat, the GUI: no batched decode ever needs the float copy) while
+    no copy exists. Measured (busy 2-core VM, SmolLM2, a 19-token prompt): packed 1.1-1.4 s for the first
+    prefill and 0.14-0.29 s after, against 4.2-4.6 s (making the copies) and 0.30-0.69 s on the copies, with
+    662 against 1,080 MB of peak RSS."""
+    if n <= SMALL_N:
+        return True
+    return n <= BATCH_N and getattr(rt, "kv_slots", 1) == 1 and w.__dict__.get("_float32") is None
+
+
 def _int4_matmul(rt, x, w, out) -> None:
     layout = _int4_layout(rt, w)
     x = _f32(x)
     n = x.shape[0]
-    if n <= SMALL_N:
+    if _packed(rt, w, n):
         _run(
             K.int4_matvec,
             K.int4_matvec_serial,
@@ -250,7 +262,7 @@ def linear(rt, x, w, out) -> None:
 
 def gate_up_silu(rt, x, w, out) -> None:
     n, f = out.shape
-    if w.kind == "int4" and n <= SMALL_N and f % K.ROWS == 0:
+    if w.kind == "int4" and _packed(rt, w, n) and f % K.ROWS == 0:
         layout = _int4_layout(rt, w)
         _run(
             K.int4_gate_up_silu,
@@ -270,7 +282,7 @@ def linear_add_rmsnorm(rt, x, w, residual, weight, eps, out) -> None:
     # 60 calls per SmolLM2 decode step: the generic composite (a scratch lookup, a view and two more op calls
     # each) cost ~1 ms of host time per token, more than the rest of the step's Python together.
     n = x.shape[0]
-    if w.kind == "int4" and n <= SMALL_N:
+    if w.kind == "int4" and _packed(rt, w, n):
         layout = _int4_layout(rt, w)
         _run(
             K.int4_matvec_add_rmsnorm,

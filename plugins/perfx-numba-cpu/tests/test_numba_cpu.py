@@ -177,13 +177,8 @@ def _model_logits(prompt, decoded):
 
 
 def test_model_logits_match_numpy_backend(plugin_env):
-    """SmolLM2: a 32-token prompt (prefill) then 32 decode steps, with and without the plugin: 64 positions."""
-    try:
-        from perfx_core.default_model import resolve_model_path
-
-        resolve_model_path()
-    except Exception as exc:  # noqa: BLE001 - the bundled model is optional
-        pytest.skip(f"no model to run: {exc}")
+    """SmolLM2: a 32-token prompt (prefill, on the packed kernels: one KV slot) then 32 decode steps, with and
+    without the plugin: 64 positions."""
     ids = np.random.default_rng(0).integers(0, 49152, 64).tolist()
     prompt, decoded = ids[:32], ids[32:]
     fast, sources = _model_logits(prompt, decoded)
@@ -196,3 +191,19 @@ def test_model_logits_match_numpy_backend(plugin_env):
     print(f"logits NMSE over {len(fast)} positions: {nmse:.3g}")
     assert fast.shape == slow.shape == (64, 49152)
     assert nmse < 1e-5, nmse
+
+
+def test_a_short_prompt_on_one_slot_keeps_weights_packed(plugin_env):
+    """perfx run's case: a 19-token prompt on a one-slot model runs the packed kernels and makes no float copy
+    (0.4 GB and seconds on SmolLM2); a model with several slots (a server batching decode) still makes them."""
+    import perfx_core
+
+    ids = np.random.default_rng(1).integers(0, 49152, 19).tolist()
+    for slots, copies in ((1, False), (4, True)):
+        model = perfx_core.load(None, n_slots=slots)
+        try:
+            model.engine.prefill(ids, slot=0)
+            made = [layer.w_qkv.__dict__.get("_float32") is not None for layer in model.engine.layers]
+            assert all(made) if copies else not any(made), (slots, made)
+        finally:
+            model.close()
