@@ -85,6 +85,11 @@ class Runtime(ABC):
     def prepare_weight(self, weight: Weight) -> Any:
         """Upload a weight once, in the layout this backend's matmul ops want; returns a handle."""
 
+    def weight_bytes(self, handle: Any) -> int | None:
+        """Bytes this runtime holds for a prepared weight now, every copy and layout of it included (``perfx
+        bench`` reports them per weight); None where it cannot tell."""
+        return None
+
     @abstractmethod
     def new_kv_cache(self, spec: KVCacheSpec) -> Any:
         """A zero-filled KV cache for ``spec``."""

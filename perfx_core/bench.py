@@ -54,6 +54,29 @@ def _timed_run(engine, prompt: list[int], gen_tokens: int, profile: bool) -> dic
     return result
 
 
+def weight_bytes(engine) -> dict[str, dict[str, float]] | None:
+    """Per kind of matrix, after the runs (layouts and copies the ops made on first use included): how many
+    weights, the bytes the backend holds for them, and bytes per weight. None where the backend cannot tell."""
+    layers = engine.layers
+    kinds = {
+        "qkv": [layer.w_qkv for layer in layers],
+        "wo": [layer.wo for layer in layers],
+        "gate_up": [layer.w_gate_up for layer in layers],
+        "down": [layer.w_down for layer in layers],
+        "embedding": [engine.embedding],
+    }
+    if engine.output is not engine.embedding:
+        kinds["output"] = [engine.output]
+    report = {}
+    for kind, handles in kinds.items():
+        sizes = [engine.rt.weight_bytes(h) for h in handles]
+        if any(s is None for s in sizes):
+            return None
+        weights = sum(h.shape[0] * h.shape[1] for h in handles)
+        report[kind] = {"weights": weights, "bytes": sum(sizes), "bytes_per_weight": round(sum(sizes) / weights, 3)}
+    return report
+
+
 def run_bench(
     model_path: str | None = None,
     backend: str = "numpy",
@@ -124,6 +147,7 @@ def run_bench(
             "peak_host_bytes": peak_host_bytes(),
             "backend_bytes": rt.allocated_bytes,
             "backend_peak_bytes": rt.peak_allocated_bytes,
+            "weight_bytes": weight_bytes(engine),
             "runs": runs,
         }
     finally:

@@ -42,6 +42,9 @@ def format_report(report: dict[str, Any]) -> str:
         f"{_mib(report['backend_bytes'])} held by the backend; KV cache {report['kv_dtype']}; "
         f"{report['repeat']} run(s)"
     )
+    if report.get("weight_bytes"):
+        kinds = ", ".join(f"{kind} {w['bytes_per_weight']:.2f}" for kind, w in report["weight_bytes"].items())
+        out.append(f"bytes per weight held by the backend (copies and layouts included): {kinds}")
     profile = report["runs"][0].get("decode_op_profile_ms_per_token") if report["runs"] else None
     if profile:
         out.append("")

@@ -45,10 +45,12 @@ def test_file_blocks_repacked_on_the_device_equal_the_host_conversion(tmp_path, 
     for blocks, int4 in pairs:
         assert isinstance(blocks, BlockWeight) and blocks.block_format == tensor_type.lower()
         assert isinstance(int4, Int4Weight) and blocks.shape == int4.shape
-        got, want = (
-            _device_arrays(runtime, runtime.prepare_weight(blocks)),
-            _device_arrays(runtime, runtime.prepare_weight(int4)),
-        )
+        kept_handle, int4_handle = runtime.prepare_weight(blocks), runtime.prepare_weight(int4)
+        got, want = _device_arrays(runtime, kept_handle), _device_arrays(runtime, int4_handle)
+        weights = int4.shape[0] * int4.shape[1]  # device bytes: 0.5 per weight of codes, 2 per 32 of scale, 4 of bias
+        expected = weights // 2 + weights // 32 * (2 if tensor_type == "Q4_0" else 6)
+        assert runtime.weight_bytes(kept_handle) == expected
+        assert runtime.weight_bytes(int4_handle) == weights // 2 + weights // 32 * 6
         for g, w in zip(got[:2], want[:2], strict=True):
             assert g.dtype == w.dtype and g.shape == w.shape
             np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8))

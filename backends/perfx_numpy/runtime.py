@@ -6,6 +6,7 @@ import math
 import os
 import platform
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import psutil
@@ -88,6 +89,29 @@ class NumpyRuntime(Runtime):
         handle = NumpyWeight(weight, self)
         self.count_allocation(handle, weight.nbytes)  # the host arrays are shared, but live for the model
         return handle
+
+    def weight_bytes(self, handle: NumpyWeight) -> int:
+        """The host format's arrays, the float copy once made, and the layouts ops keep on the handle (a
+        plugin's attribute holding arrays), each buffer counted once."""
+        found: dict[int, int] = {}
+
+        def add(value: Any) -> None:
+            if isinstance(value, np.ndarray):
+                base = value
+                while isinstance(base.base, np.ndarray):
+                    base = base.base
+                found[id(base)] = base.nbytes
+
+        weight = handle.weight
+        for array in (weight.data,) if isinstance(weight, DenseWeight) else (weight.packed, weight.scale, weight.bias):
+            add(array)
+        add(handle._float32)
+        for name, value in vars(handle).items():
+            if name not in ("weight", "runtime", "_float32"):
+                slots = getattr(type(value), "__slots__", ())
+                for inner in (*getattr(value, "__dict__", {}).values(), *(getattr(value, s, None) for s in slots)):
+                    add(inner)
+        return sum(found.values())
 
     def new_kv_cache(self, spec: KVCacheSpec) -> NumpyKVCache:
         # The most sequences a cache here holds: ops that trade memory for batched-decode speed look at it.

@@ -392,6 +392,10 @@ class OpenCLRuntime(Runtime):
         finally:
             self.load_stats["weights_s"] += time.perf_counter() - start
 
+    def weight_bytes(self, handle: CLInt4Weight | CLDenseWeight) -> int:
+        tensors = (handle.packed, handle.scale, handle.bias) if handle.kind == "int4" else (handle.data,)
+        return sum(t.size * t.dtype.itemsize for t in tensors if t is not None)
+
     def _from_blocks(self, weight: BlockWeight) -> CLInt4Weight:
         """A GGUF Q4_0/Q4_1 weight from the file's own bytes: the parts are copied into one device buffer as they
         are, and re-packed into the int4 layout there (kernels/q4_blocks.cl), so the host converts nothing."""
