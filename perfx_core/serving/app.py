@@ -30,7 +30,7 @@ from ..errors import RequestCancelledError
 from .choices import counts_prompt, generation_jobs
 from .config import ServerConfig
 from .embeddings import embeddings_endpoint
-from .guard import GuardMiddleware, error_response, read_json
+from .guard import GuardMiddleware, error_response, read_json, refusal
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .model_names import response_model
 from .protocol import APIError, ParsedRequest, parse_request
@@ -319,11 +319,9 @@ def create_app(config: ServerConfig, on_load_failed: Callable[[BaseException], N
             body = await read_json(request, config.header_timeout_s)
             parsed = await _parse_off_loop(request, body, chat)
         except APIError as error:
-            state.metrics.requests_rejected.labels(str(error.status)).inc()
-            return error_response(error)
+            return refusal(state.metrics, error)
         except RequestCancelledError:  # the client left while its prompt was being prepared
-            state.metrics.requests_rejected.labels("499").inc()
-            return Response(status_code=499)
+            return refusal(state.metrics, None)
         stream = _Stream(state.event_post(asyncio.get_running_loop()))
         jobs = generation_jobs(parsed, stream.emitter)  # n per prompt, sharing its prefill
         try:
@@ -331,8 +329,7 @@ def create_app(config: ServerConfig, on_load_failed: Callable[[BaseException], N
                 scheduler.submit(job)
         except QueueFullError as exc:
             _cancel(scheduler, jobs)  # the prompts already queued go too: the request is refused whole
-            state.metrics.requests_rejected.labels("429").inc()
-            return error_response(APIError(429, str(exc), type="rate_limit_error", code="queue_full"))
+            return refusal(state.metrics, APIError(429, str(exc), type="rate_limit_error", code="queue_full"))
         builder = ResponseBuilder(parsed, state.model.tokenizer)
         if parsed.stream:
             return _GenerationResponse(_stream_events(scheduler, jobs, stream, parsed, builder), jobs, scheduler)

@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 
 from ..errors import RequestCancelledError
 from ..sampling import SamplingParams
-from .guard import error_response, read_json
+from .guard import read_json, refusal
 from .job_events import ClientGone, JobRun, ServingState, off_loop
 from .model_names import response_model
 from .protocol import APIError, bad_request
@@ -121,11 +121,9 @@ def embeddings_endpoint(state: ServingState) -> Callable[[Request], Any]:
             run = JobRun(state, scheduler)
             vectors = await _embed_all(request, run, parsed.inputs)
         except APIError as error:
-            metrics.requests_rejected.labels(str(error.status)).inc()
-            return error_response(error)
+            return refusal(metrics, error)
         except (ClientGone, RequestCancelledError):
-            metrics.requests_rejected.labels("499").inc()
-            return Response(status_code=499)
+            return refusal(metrics, None)
         tokens = sum(len(ids) for ids in parsed.inputs)
         return JSONResponse(
             {

@@ -21,7 +21,7 @@ import re
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -36,6 +36,14 @@ JSON_ROUTES_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 def error_response(error: APIError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status)
+
+
+def refusal(metrics: Any, error: APIError | None) -> Response:
+    """The answer to a request refused before it ran, counted in perfx_requests_rejected by status: ``error``'s
+    response, or 499 for a client that left (``error`` None)."""
+    status = "499" if error is None else str(error.status)
+    metrics.requests_rejected.labels(status).inc()
+    return Response(status_code=499) if error is None else error_response(error)
 
 
 def is_loopback(host: str) -> bool:

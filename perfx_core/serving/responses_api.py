@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 
 from ..errors import RequestCancelledError
 from .choices import generation_jobs
-from .guard import error_response, read_json
+from .guard import error_response, read_json, refusal
 from .job_events import ClientGone, JobRun, JobStreamResponse, ServingState, off_loop
 from .model_names import response_model
 from .protocol import APIError, ParsedRequest, bad_request, parse_request
@@ -230,11 +230,9 @@ def responses_endpoint(state: ServingState) -> Callable[[Request], Any]:
             run = JobRun(state, scheduler)
             run.submit(generation_jobs(parsed, run.emitter))
         except APIError as error:
-            metrics.requests_rejected.labels(str(error.status)).inc()
-            return error_response(error)
+            return refusal(metrics, error)
         except (ClientGone, RequestCancelledError):
-            metrics.requests_rejected.labels("499").inc()
-            return Response(status_code=499)
+            return refusal(metrics, None)
         shapes = ResponseShapes(body, parsed)
         if parsed.stream:
             return JobStreamResponse(_events(run, shapes), run)
