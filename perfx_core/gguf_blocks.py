@@ -61,13 +61,6 @@ def convert_rows(
 # -- float types ------------------------------------------------------------------------------------------
 
 
-def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
-    # bfloat16 is the top half of a float32, so the widening is exact.
-    wide = bits.astype(np.uint32)
-    wide <<= 16
-    return wide.view(np.float32)
-
-
 def q8_0_to_f32(blocks: np.ndarray) -> np.ndarray:
     rows = blocks.shape[0]
     b = blocks.reshape(rows, -1, 34)

@@ -25,7 +25,8 @@ from .architectures import family_for_gguf, family_named
 from .architectures.base import OPTIONAL_TENSORS, expected_shapes, optional_tensors
 from .config import ConfigCheck, LayerWeights, LlamaConfig, LlamaWeights, RopeScaling, config_from_values, show
 from .errors import ModelFormatError
-from .gguf_blocks import bf16_to_f32, convert_rows, dequantize_f16, q4_decoder, q4_k_decode, q8_0_to_f32
+from .formats.safetensors_io import bf16_to_f32
+from .gguf_blocks import convert_rows, dequantize_f16, q4_decoder, q4_k_decode, q8_0_to_f32
 from .gguf_file import GGUFFile, TensorInfo, read_gguf
 from .weights import BlockWeight, DenseWeight, Int4Weight, Weight, take_rows
 
