@@ -30,6 +30,20 @@ def smollm2(smollm2_path):
     model.close()
 
 
+@pytest.fixture
+def registry():
+    """The process-wide registry, with the OpenCL plugin registered even when its entry point is not installed
+    (the OpenCL test modules)."""
+    import perfx_opencl.plugin
+
+    from perfx_core.plugins import get_registry, register_plugin
+
+    reg = get_registry()
+    if "opencl" not in reg.backends:
+        reg = register_plugin(perfx_opencl.plugin, "opencl")
+    return reg
+
+
 @pytest.fixture(scope="session")
 def grammar_server():
     """One `perfx serve` (4 slots) shared by the structured-output and tool-calling tests: a start is seconds."""
@@ -42,7 +56,9 @@ def grammar_server():
 # server) run when named on the command line or with PERFX_LONG_TESTS=1; CI runs them as a step of their own, so
 # the default run stays within minutes.
 LONG_MODULES = (
-    "test_opencl.py",
+    "test_opencl.py",  # the OpenCL modules: PoCL compiles every kernel variant (three modules, two workers)
+    "test_opencl_graphs.py",
+    "test_opencl_kernels.py",
     "test_gemma3_gguf.py",
     "test_lm_eval.py",
     "test_gui_xcb.py",

@@ -282,6 +282,7 @@ def test_scaling_from_one_to_two_and_back_under_load_loses_nothing(server):
     before = server.metrics()
     results: dict[tuple[int, int], tuple] = {}
     sent: list[tuple[int, int]] = []
+    served_by: set[str] = set()  # replica headers of the answers so far
     busy, stop = threading.Event(), threading.Event()
     busy.set()
 
@@ -293,12 +294,17 @@ def test_scaling_from_one_to_two_and_back_under_load_loses_nothing(server):
             body["stream_options"] = {"include_usage": True}
             sent.append((worker, n))
             _stream(server, body, results, (worker, n))
+            status, replica, _, _ = results[(worker, n)]
+            if status == 200:
+                served_by.add(replica)
 
     workers = [threading.Thread(target=load, args=(w,)) for w in range(4)]
     for w in workers:
         w.start()
     try:
         _wait_for(lambda: server.metrics().get("perfx_replicas") == 2, 150, "scaling up to two replicas", every=0.5)
+        # Serve lists the new replica before every router sends it requests: the load stays until it has served.
+        _wait_for(lambda: len(served_by) == 2, 60, "the second replica serving", every=0.2)
         busy.clear()  # three clients stop after their current request
         _wait_for(lambda: server.metrics().get("perfx_replicas") == 1, 150, "scaling down to one", every=0.5)
         time.sleep(1)  # the last client keeps sending to the one replica left
