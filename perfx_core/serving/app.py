@@ -412,7 +412,9 @@ def create_app(config: ServerConfig, on_load_failed: Callable[[BaseException], N
                 index, event = await stream.queue.get()
                 if isinstance(event, TextDelta):
                     logprobs = (event.logprob,) if event.logprob is not None else ()
-                    yield _sse(builder.chunk(event.text, index=index, logprobs=logprobs, text_offset=offsets[index]))
+                    chunk = builder.chunk(event.text, index=index, logprobs=logprobs, text_offset=offsets[index])
+                    if chunk is not None:
+                        yield _sse(chunk)
                     offsets[index] += len(event.text)
                 elif isinstance(event, PromptLogprobs):  # echo with logprobs: the prompt's text and its scores
                     text = parsed.prompts[index].text

@@ -85,7 +85,8 @@ class ResponseBuilder:
         index: int = 0,
         logprobs: Sequence[TokenLogprob] = (),
         text_offset: int = 0,
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | None:
+        """One streamed chunk; None where it would say nothing (text held back while it may start a tool call)."""
         wants_logprobs = self.request.logprobs is not None
         if self.request.chat:
             body = self._base("chat.completion.chunk")
@@ -96,6 +97,8 @@ class ResponseBuilder:
             if text:
                 delta["content"] = text
             shaped = self.chat_logprobs(logprobs) if wants_logprobs and logprobs else None
+            if not delta and finish_reason is None and shaped is None:
+                return None
             body["choices"] = [{"index": index, "delta": delta, "logprobs": shaped, "finish_reason": finish_reason}]
         else:
             body = self._base("text_completion")
