@@ -58,6 +58,10 @@ class Runtime(ABC):
     # File block formats (BlockWeight.block_format) that prepare_weight converts itself, on the device;
     # weights in any other block format reach it converted to Int4Weight by the host.
     block_formats: frozenset[str] = frozenset()
+    # Host weight formats beyond int4 and dense that prepare_weight takes and whose ops (ops.FORMAT_OPS) the
+    # runtime has: "int8" (Int8Weight). The engine widens weights in any other format (weights.for_runtime), and
+    # drops a format here whose ops no plugin provides for the backend (plugins.Registry.open_runtime).
+    weight_formats: frozenset[str] = frozenset()
 
     # -- memory ----------------------------------------------------------------------------------------
     @abstractmethod

@@ -25,6 +25,24 @@ class RopeScaling:
 
 
 @dataclass(frozen=True)
+class LongRope:
+    """Phi-3's long-context RoPE (rope_type "longrope", formerly "su"): per-frequency divisors of the rotation
+    speeds, one set for contexts up to the original training length and one beyond it, and a multiplier of cos
+    and sin (which scales every q.k by its square). perfx_core.rope says which set a model runs."""
+
+    short_factors: tuple[float, ...]  # (head_dim // 2)
+    long_factors: tuple[float, ...]
+    original_context_length: int
+    attn_factor: float
+
+
+def longrope_attn_factor(scale: float, original_context_length: int) -> float:
+    """The cos/sin multiplier LongRoPE suggests for a context ``scale`` times the original (transformers' and
+    llama.cpp's converter's default when the file gives none)."""
+    return 1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(original_context_length))
+
+
+@dataclass(frozen=True)
 class LlamaConfig:
     vocab_size: int
     dim: int  # hidden size
@@ -40,6 +58,7 @@ class LlamaConfig:
     # Per-frequency divisors of the rotation speeds (llama.cpp's rope_freqs.weight), when a file gives them
     # instead of scaling parameters; (head_dim // 2) values. Takes precedence over rope_scaling.
     rope_freq_divisors: tuple[float, ...] | None = None
+    long_rope: LongRope | None = None  # Phi-3's long-context RoPE; excludes the two above
     tied_embeddings: bool = False
     name: str = ""
     # -- what the families beyond Llama add (perfx_core.architectures says which family uses what) --
@@ -177,7 +196,8 @@ def config_from_values(values: Mapping[str, Any], where: str, names: Mapping[str
 
     ``values`` maps LlamaConfig fields to the values as read; a required field that is absent is an error.
     ``n_kv_heads`` and ``head_dim`` may be None (or absent), meaning Llama's defaults: as many KV heads as heads,
-    and ``dim // n_heads``. ``rope_scaling`` is None or a mapping of RopeScaling fields. ``names`` maps a field
+    and ``dim // n_heads``. ``rope_scaling`` and ``long_rope`` are None or mappings of RopeScaling / LongRope
+    fields (LongRope's attn_factor may be absent: the default for context_length). ``names`` maps a field
     ("rope_scaling.factor" for a nested one) to the key the file uses, so errors name what the user can find.
     """
     check = ConfigCheck(where, names)
@@ -206,6 +226,10 @@ def config_from_values(values: Mapping[str, Any], where: str, names: Mapping[str
     out["head_dim"] = head_dim
     out["rope_scaling"] = _rope_scaling(check, values.get("rope_scaling"))
     out["rope_freq_divisors"] = _divisors(check, values.get("rope_freq_divisors"), head_dim // 2)
+    out["long_rope"] = _long_rope(check, values.get("long_rope"), head_dim // 2, out["context_length"])
+    if out["long_rope"] is not None and (out["rope_scaling"] or out["rope_freq_divisors"]):
+        other = "rope_scaling" if out["rope_scaling"] else "rope_freq_divisors"
+        raise check.error(f"{check.name('long_rope')} and {check.name(other)} are both given; a model has one RoPE")
     out["tied_embeddings"] = check.flag("tied_embeddings", values.get("tied_embeddings", False))
     out["name"] = check.text("name", values.get("name", ""))
     _family_fields(check, values, out)
@@ -266,17 +290,42 @@ def _rope_scaling(check: ConfigCheck, raw: Any) -> RopeScaling | None:
 
 
 def _divisors(check: ConfigCheck, raw: Any, n: int) -> tuple[float, ...] | None:
+    return None if raw is None else _factors(check, "rope_freq_divisors", raw, n)
+
+
+def _long_rope(check: ConfigCheck, raw: Any, n: int, context_length: int) -> LongRope | None:
     if raw is None:
         return None
+    if isinstance(raw, LongRope):
+        raw = asdict(raw)
+    if not isinstance(raw, Mapping):
+        raise check.bad("long_rope", raw, "an object with the LongRoPE factors", True)
+    unknown = next((k for k in raw if k not in _LONG_ROPE_FIELDS), None)
+    if unknown is not None:
+        raise check.error(f"{check.name('long_rope')} has unknown key {show(unknown)}")
+    sub = {f"long_rope.{k}": v for k, v in raw.items()}
+    short, long = (_factors(check, f"long_rope.{f}", check.required(sub, f"long_rope.{f}"), n) for f in _FACTOR_SETS)
+    original = check.integer(_ORIGINAL_CONTEXT, check.required(sub, _ORIGINAL_CONTEXT), lo=2)
+    attn = sub.get("long_rope.attn_factor")
+    attn = longrope_attn_factor(context_length / original, original) if attn is None else attn
+    return LongRope(short, long, original, check.number("long_rope.attn_factor", attn))
+
+
+_LONG_ROPE_FIELDS = tuple(f.name for f in fields(LongRope))
+_FACTOR_SETS = ("short_factors", "long_factors")
+_ORIGINAL_CONTEXT = "long_rope.original_context_length"
+
+
+def _factors(check: ConfigCheck, field: str, raw: Any, n: int) -> tuple[float, ...]:
+    """``n`` positive finite numbers (per-frequency divisors of the rotation speeds)."""
     items = raw.tolist() if isinstance(raw, np.ndarray) and raw.ndim == 1 else raw
     if (
         not isinstance(items, (list, tuple))
         or len(items) != n
         or not all(_is_number(v) and (_finite(v) or 0) > 0 for v in items)
     ):
-        raise check.error(
-            f"{check.name('rope_freq_divisors')} must be {n} positive numbers (head size / 2), got {show(raw)}"
-        )
+        got = f"{len(items)} values" if isinstance(items, (list, tuple)) and len(items) != n else show(raw)
+        raise check.error(f"{check.name(field)} must be {n} positive numbers (head size / 2), got {got}")
     return tuple(float(v) for v in items)
 
 

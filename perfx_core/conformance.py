@@ -21,12 +21,12 @@ import numpy as np
 from . import reference
 from .backend import AttentionSpec, KVCacheSpec, RopeTable
 from .errors import InvalidArgumentError
-from .ops import OP_NAMES
-from .weights import DenseWeight, Int4Weight, Weight, concat_rows, quantize_rtn
+from .ops import FORMAT_OPS, OP_NAMES
+from .weights import DenseWeight, Int4Weight, Int8Weight, Weight, concat_rows, quantize_rtn
 
 MATMUL_LIMIT = 5e-4  # matmuls, int4 embedding, attention: float32 sums over many terms
 NORM_LIMIT = 1e-6  # rmsnorm, add_rmsnorm, silu_mul: elementwise work with at most one reduction
-EXACT_LIMIT = 1e-7  # copies and single additions: dense embedding, the new residual, KV cache entries
+EXACT_LIMIT = 1e-7  # copies and single additions: dense and int8 embedding, the new residual, KV cache entries
 GUARD = 4096  # sentinel elements before and after every buffer handed to an op
 
 # A quiet NaN with a payload, alternating with 1e30: neither is a value an op would compute by chance.
@@ -153,7 +153,10 @@ class _Trial:
             self.problems.append(f"{name}[{i}] is {int(got[i])}, expected {int(ref[i])} ({wrong.size} wrong)")
 
     def weight(self, weight: Weight) -> Any:
-        arrays = [weight.packed, weight.scale, weight.bias] if isinstance(weight, Int4Weight) else [weight.data]
+        if isinstance(weight, Int4Weight):
+            arrays = [weight.packed, weight.scale, weight.bias]
+        else:
+            arrays = [weight.codes, weight.scale] if isinstance(weight, Int8Weight) else [weight.data]
         self._host.append(("weight", arrays, [a.tobytes() for a in arrays]))
         return self.rt.prepare_weight(weight)
 
@@ -245,21 +248,37 @@ def _int4(rng: np.random.Generator, m: int, k: int, group: int, how: str) -> Int
     return Int4Weight(packed, scale, bias, group)
 
 
+def _int8(rng: np.random.Generator, m: int, k: int, group: int, how: str) -> Int8Weight:
+    """An int8 weight the way GGUF Q8_0 makes one ("q8_0": scale = max |w| / 127 per group, in float16), with
+    Q5_0's codes -16..15 ("q5_0"), or with random codes and scales of either sign ("random")."""
+    if how == "random":
+        codes = rng.integers(-128, 128, (m, k), dtype=np.int8)
+        return Int8Weight(codes, rng.uniform(-0.05, 0.05, (m, k // group)).astype(np.float16), group)
+    top = 127 if how == "q8_0" else 16
+    groups = (rng.standard_normal((m, k)) * 0.05).reshape(m, k // group, group)
+    scale = (np.abs(groups).max(axis=2) / top).astype(np.float16)
+    safe = np.where(scale > 0, scale.astype(np.float64), 1.0)[:, :, None]
+    codes = np.clip(np.round(groups / safe), -top, top - (how == "q5_0")).astype(np.int8)
+    return Int8Weight(codes.reshape(m, k), scale, group)
+
+
 def _dense(rng: np.random.Generator, m: int, k: int, dtype: str) -> DenseWeight:
     return DenseWeight((rng.standard_normal((m, k)) * 0.05).astype(dtype))
 
 
 def _make_weight(rng: np.random.Generator, desc: tuple) -> Weight:
-    """("int4", m, k, group, "rtn"|"random") or ("dense", m, k, "float32"|"float16")."""
+    """("int4" | "int8", m, k, group, how) or ("dense", m, k, "float32"|"float16")."""
     if desc[0] == "int4":
         return _int4(rng, *desc[1:])
+    if desc[0] == "int8":
+        return _int8(rng, *desc[1:])
     return _dense(rng, *desc[1:])
 
 
 def _describe(desc: tuple) -> str:
-    if desc[0] == "int4":
-        _, m, k, group, how = desc
-        return f"int4 g{group} {how} ({m}x{k})"
+    if desc[0] in ("int4", "int8"):
+        kind, m, k, group, how = desc
+        return f"{kind} g{group} {how} ({m}x{k})"
     _, m, k, dtype = desc
     return f"{dtype} ({m}x{k})"
 
@@ -297,12 +316,14 @@ def _matmul_case(op: str, n: int, desc: tuple) -> tuple[str, float, Body]:
 
 def _qkv_case(n: int, kind: str) -> tuple[str, float, Body]:
     """qkv_proj on a weight made the way the model makes it: concat_rows of separate q, k, v weights."""
+    make = {
+        "int4": lambda rng, rows: _int4(rng, rows, 128, 64, "rtn"),
+        "int8": lambda rng, rows: _int8(rng, rows, 128, 32, "q5_0" if rows == 192 else "q8_0"),
+        "dense": lambda rng, rows: _dense(rng, rows, 128, "float32"),
+    }[kind]
 
     def body(t: _Trial, rng: np.random.Generator) -> None:
-        parts = [
-            _int4(rng, rows, 128, 64, "rtn") if kind == "int4" else _dense(rng, rows, 128, "float32")
-            for rows in (192, 64, 64)
-        ]
+        parts = [make(rng, rows) for rows in (192, 64, 64)]
         weight = concat_rows(parts)
         x = _activations(rng, (n, 128))
         handle, out = t.weight(weight), t.output("out", (n, 320))
@@ -435,7 +456,7 @@ def _sample_edge_case() -> tuple[str, float, Body]:
 
 
 def _embedding_case(n: int, desc: tuple) -> tuple[str, float, Body]:
-    limit = MATMUL_LIMIT if desc[0] == "int4" else EXACT_LIMIT
+    limit = MATMUL_LIMIT if desc[0] == "int4" else EXACT_LIMIT  # an int8 row is exact in float32
 
     def body(t: _Trial, rng: np.random.Generator) -> None:
         table = _make_weight(rng, desc)
@@ -566,6 +587,8 @@ def _attention_case(
 
 def _cases(op: str) -> list[tuple[str, float, Body]]:
     """The cases of one op: odd sizes, every batch size and group size, both weight makings, GQA ratios 1/3/4."""
+    if any(op in ops for ops in FORMAT_OPS.values()):
+        return []  # all of them in _format_cases
     if op == "embedding":
         return [
             _embedding_case(1, ("int4", 1001, 96, 32, "rtn")),
@@ -716,6 +739,45 @@ def _cases(op: str) -> list[tuple[str, float, Body]]:
     raise InvalidArgumentError(f"no conformance cases for op {op!r}")
 
 
+def _format_cases(op: str) -> list[tuple[str, tuple[str, float, Body]]]:
+    """(weight format, case) of the optional formats, run where the runtime takes the format
+    (Runtime.weight_formats): its own ops, and the ops that take any weight on a weight in it."""
+    cases: list[tuple[str, float, Body]] = []
+    if op == "int8_gemm":
+        cases = [
+            _matmul_case(op, 1, ("int8", 1, 96, 32, "q8_0")),
+            _matmul_case(op, 1, ("int8", 129, 128, 32, "random")),
+            _matmul_case(op, 1, ("int8", 4097, 576, 32, "q8_0")),  # a small model's LM head, in blocks of rows
+            _matmul_case(op, 2, ("int8", 3, 128, 64, "q5_0")),
+            _matmul_case(op, 5, ("int8", 300, 256, 128, "random")),
+            _matmul_case(op, 8, ("int8", 129, 640, 32, "q5_0")),
+            _matmul_case(op, 9, ("int8", 129, 640, 32, "q8_0")),  # around a GEMV kernel's largest n
+            _matmul_case(op, 17, ("int8", 8200, 512, 32, "random")),  # several 16 MiB float32 blocks
+            _matmul_case(op, 64, ("int8", 1536, 96, 32, "q8_0")),
+        ]
+    elif op == "embedding":
+        cases = [
+            _embedding_case(1, ("int8", 1001, 96, 32, "q8_0")),
+            _embedding_case(17, ("int8", 4097, 640, 32, "q5_0")),
+            _embedding_case(64, ("int8", 300, 128, 64, "random")),
+        ]
+    elif op in ("linear", "logits"):
+        m = 4097 if op == "logits" else 129
+        cases = [_matmul_case(op, 1, ("int8", m, 128, 32, "q8_0")), _matmul_case(op, 5, ("int8", m, 96, 32, "random"))]
+    elif op == "qkv_proj":
+        cases = [_qkv_case(1, "int8"), _qkv_case(7, "int8")]
+    elif op == "gate_up_silu":
+        cases = [_matmul_case(op, n, ("int8", 2 * f, 128, 32, "q5_0")) for n, f in ((1, 128), (9, 65))]
+    elif op == "gate_up_gelu":
+        cases = [_gate_up_gelu_case(n, ("int8", 2 * f, 64, 32, "q8_0")) for n, f in ((1, 128), (9, 65))]
+    elif op == "linear_add_rmsnorm":
+        cases = [
+            _linear_norm_case(1, ("int8", 576, 128, 32, "q8_0"), 1e-5),
+            _linear_norm_case(12, ("int8", 129, 96, 32, "random"), 1e-6),
+        ]
+    return [("int8", case) for case in cases]
+
+
 def _feature_cases(op: str) -> list[tuple[frozenset[str], tuple[str, float, Body]]]:
     """Attention cases of the optional features, run where the op declares them (OpTable.features)."""
     if op not in ("attention_decode", "attention_prefill"):
@@ -828,7 +890,8 @@ def check_backend(
     seed: int = 0,
     registry: Any = None,
 ) -> ConformanceReport:
-    """Run the conformance cases of ``ops`` (default: all of OP_NAMES) on a device of backend ``name``.
+    """Run the conformance cases of ``ops`` (default: all of OP_NAMES) on a device of backend ``name``; the
+    cases of a weight format (an int8 matmul, say) only where the runtime takes it (``Runtime.weight_formats``).
 
     ``registry`` defaults to the process-wide one (perfx_core.plugins.get_registry()). A backend that
     cannot be opened raises its error; an op that raises or is wrong fails its case in the report.
@@ -845,10 +908,15 @@ def check_backend(
     report = ConformanceReport(backend=name, device=rt.device.name, seed=seed)
     try:
         for op in [op for op in OP_NAMES if ops is None or op in ops]:
+            if op not in rt.ops.sources:
+                continue  # an op of a weight format this backend does not take (ops.FORMAT_OPS)
             if op in HOST_WRITE_OPS and rt.ops.sources[op].startswith("perfx_core:") and not _can_write(rt):
                 continue  # the generic version needs Runtime.write, which is optional; the model never calls it
             for case, limit, body in _cases(op):
                 report.results.append(_run_case(rt, op, case, limit, body, seed))
+            for weight_format, (case, limit, body) in _format_cases(op):
+                if weight_format in rt.weight_formats:
+                    report.results.append(_run_case(rt, op, case, limit, body, seed))
             declared = rt.ops.features(op)
             for features, (case, limit, body) in _feature_cases(op):
                 if features <= declared:

@@ -58,16 +58,35 @@ def convert_rows(
     return outputs
 
 
-# -- float types ------------------------------------------------------------------------------------------
+# -- int8 types: codes times a float16 scale per block of 32 ---------------------------------------------
 
 
-def q8_0_to_f32(blocks: np.ndarray) -> np.ndarray:
+def q8_0_decode(blocks: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Q8_0 blocks (d float16, 32 int8 codes) -> (codes int8, scale float16) of int8 group 32, bit for bit."""
     rows = blocks.shape[0]
     b = blocks.reshape(rows, -1, 34)
-    d = np.ascontiguousarray(b[:, :, :2]).view(np.float16).astype(np.float32)  # (rows, nb, 1)
-    values = b[:, :, 2:].view(np.int8).astype(np.float32)
-    values *= d  # int8 (8 bits) times fp16 (11 bits) fits float32's 24-bit mantissa: exact
-    return values.reshape(rows, -1)
+    d = np.ascontiguousarray(b[:, :, :2]).view(np.float16)[:, :, 0]
+    return b[:, :, 2:].view(np.int8).reshape(rows, -1), d
+
+
+def q5_0_decode(blocks: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Q5_0 blocks (d float16, 32 high bits, 16 bytes of low nibbles) -> the same int8 group-32 form: code
+    ``(low | high << 4) - 16`` in -16..15. Element j < 16 is byte j's low nibble and bit j of the high bits,
+    element j + 16 its high nibble and bit j + 16."""
+    rows = blocks.shape[0]
+    b = blocks.reshape(rows, -1, 22)
+    d = np.ascontiguousarray(b[:, :, :2]).view(np.float16)[:, :, 0]
+    bits = np.unpackbits(b[:, :, 2:6], axis=2, bitorder="little")  # bit j of the little-endian uint32: (rows, nb, 32)
+    bits <<= 4
+    qs = b[:, :, 6:]
+    bits[:, :, :16] |= qs & 0x0F
+    bits[:, :, 16:] |= qs >> 4
+    codes = bits.view(np.int8)
+    codes -= 16  # 0..31 -> -16..15, in place (no wrap: the stored value is below 32)
+    return codes.reshape(rows, -1), d
+
+
+# -- float types ------------------------------------------------------------------------------------------
 
 
 def dequantize_f16(t: GGMLQuantizationType) -> Decoder:

@@ -1,8 +1,9 @@
 """Load a Llama-family GGUF (llama.cpp's layout) into perfx's LlamaConfig and LlamaWeights.
 
-Tensor types map onto perfx's two formats without extra loss where one exists: F32/F16 stay dense, BF16 and
-Q8_0 widen exactly to float32, Q4_0/Q4_1 become int4 group-32 weights bit for bit and Q4_K int4 group 32 with
-its codes as stored. Other types (Q5_*, Q6_K, IQ types) widen to float16, with a warning. llama.cpp's converter
+Tensor types map onto perfx's formats without extra loss where one exists: F32/F16 stay dense, BF16 widens
+exactly to float32, Q8_0 and Q5_0 become int8 group-32 weights bit for bit (codes and float16 scales as stored),
+Q4_0/Q4_1 int4 group-32 weights bit for bit and Q4_K int4 group 32 with its codes as stored. Other types (Q5_1,
+Q5_K, Q6_K, IQ types) widen to float16, with a warning. llama.cpp's converter
 reorders the rows of attn_q/attn_k for its interleaved RoPE; perfx uses rotate-half RoPE, so that reordering is
 undone here, while converting (gguf_blocks.py does the block decoding).
 """
@@ -26,11 +27,13 @@ from .architectures.base import OPTIONAL_TENSORS, expected_shapes, optional_tens
 from .config import ConfigCheck, LayerWeights, LlamaConfig, LlamaWeights, RopeScaling, config_from_values, show
 from .errors import ModelFormatError
 from .formats.safetensors_io import bf16_to_f32
-from .gguf_blocks import convert_rows, dequantize_f16, q4_decoder, q4_k_decode, q8_0_to_f32
+from .gguf_blocks import convert_rows, dequantize_f16, q4_decoder, q4_k_decode, q5_0_decode, q8_0_decode
 from .gguf_file import GGUFFile, TensorInfo, read_gguf
-from .weights import BlockWeight, DenseWeight, Int4Weight, Weight, take_rows
+from .weights import BlockWeight, DenseWeight, Int4Weight, Int8Weight, Weight, take_rows
 
-_IGNORED_TENSORS = re.compile(r"rope_freqs\.weight|blk\.\d+\.attn_rot_embd")  # read separately or unused
+_IGNORED_TENSORS = re.compile(  # read separately or unused
+    r"rope_freqs\.weight|rope_factors_(?:long|short)\.weight|blk\.\d+\.attn_rot_embd"
+)
 
 _FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
 
@@ -257,6 +260,10 @@ def read_llama_config(gf: GGUFFile) -> LlamaConfig:
         values["rope_scaling"] = {f: meta[k] for f, k in keys.items() if k in meta}
     elif "rope_freqs.weight" in gf.tensors:
         values["rope_freq_divisors"], names["rope_freq_divisors"] = _rope_freq_values(gf), "rope_freqs.weight"
+    if any(t in gf.tensors for t in _LONG_ROPE.values()):
+        values["long_rope"] = _long_rope_values(gf, arch)
+        names.update({f"long_rope.{f}": k.format(arch=arch) for f, k in _LONG_ROPE.items()})
+        names["long_rope"] = "rope_factors_long/short.weight"
     values["tied_embeddings"] = "output.weight" not in gf.tensors
     config = config_from_values(values, str(gf.path), names)
 
@@ -323,6 +330,31 @@ def _rope_freq_values(gf: GGUFFile) -> np.ndarray:
     if len(info.shape) != 1 or info.ggml_type not in _FLOAT_TYPES:
         raise _bad_shape(gf, info, ("head size / 2",))
     return _floats(gf, info)  # a tensor the file holds, so its size is bounded by the file's
+
+
+# LongRope field -> the tensor or key of Phi-3's LongRoPE (llama.cpp's converter writes no scaling type for it)
+_LONG_ROPE = {
+    "short_factors": "rope_factors_short.weight",
+    "long_factors": "rope_factors_long.weight",
+    "original_context_length": Keys.Rope.SCALING_ORIG_CTX_LEN,
+    "attn_factor": Keys.Rope.SCALING_ATTN_FACTOR,
+}
+
+
+def _long_rope_values(gf: GGUFFile, arch: str) -> dict[str, Any]:
+    """LongRope's fields as the file gives them (config_from_values checks them; no attention factor: the
+    default for the context length, as the converter computes it)."""
+    out: dict[str, Any] = {}
+    for field, name in _LONG_ROPE.items():
+        name = name.format(arch=arch)
+        info = gf.tensors.get(name)
+        if info is not None:
+            if len(info.shape) != 1 or info.ggml_type not in _FLOAT_TYPES:
+                raise _bad_shape(gf, info, ("head size / 2",))
+            out[field] = _floats(gf, info)
+        elif name in gf.metadata:
+            out[field] = gf.metadata[name]
+    return out
 
 
 def llama3_rope_divisors(scaling: RopeScaling, head_dim: int, rope_theta: float) -> np.ndarray:
@@ -451,8 +483,12 @@ class TensorLoader:
                 blocks = raw if order is None else np.take(raw, order, axis=0)
                 return BlockWeight((blocks,), t.name.lower(), cols, as_int4)
             return as_int4()
-        if t in _F32_DECODERS:
-            (data,) = convert_rows(raw, cols, (np.empty(shape, np.float32),), _F32_DECODERS[t], order)
+        if t in _INT8_DECODERS:
+            decode, dense_dtype = _INT8_DECODERS[t]
+            out = (np.empty(shape, np.int8), np.empty((rows, cols // 32), np.float16))
+            return Int8Weight(*convert_rows(raw, cols, out, decode, order), 32, dense_dtype)
+        if t == GGMLQuantizationType.BF16:
+            (data,) = convert_rows(raw, cols, (np.empty(shape, np.float32),), lambda bits: (bf16_to_f32(bits),), order)
             return DenseWeight(data)
         return self.widen(info, raw, order)
 
@@ -488,9 +524,10 @@ _INT4_DECODERS = {
     GGMLQuantizationType.Q4_1: q4_decoder(GGMLQuantizationType.Q4_1),
     GGMLQuantizationType.Q4_K: q4_k_decode,
 }
-_F32_DECODERS = {
-    GGMLQuantizationType.BF16: lambda bits: (bf16_to_f32(bits),),
-    GGMLQuantizationType.Q8_0: lambda blocks: (q8_0_to_f32(blocks),),
+# type -> (decoder, Int8Weight.dense_dtype: Q8_0 exact in float32; Q5_0 in float16, rounded, at 2 bytes per weight)
+_INT8_DECODERS = {
+    GGMLQuantizationType.Q8_0: (q8_0_decode, "float32"),
+    GGMLQuantizationType.Q5_0: (q5_0_decode, "float16"),
 }
 
 

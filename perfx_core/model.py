@@ -140,7 +140,7 @@ class LlamaModel:
         rt = self.rt
 
         def matrix(weight: Weight) -> Any:
-            return rt.prepare_weight(for_runtime(weight, rt.block_formats))
+            return rt.prepare_weight(for_runtime(weight, rt.block_formats, rt.weight_formats))
 
         self.embedding = matrix(weights.token_embedding)
         tied = weights.output is weights.token_embedding

@@ -18,6 +18,10 @@ Primitive ops (a backend must implement these):
   attention_decode(qkv (B, qkv_dim), cache, layer, slots (B,), positions (B,), rope, spec, out (B, q_dim))
   attention_prefill(qkv (T, qkv_dim), cache, layer, slot, start, rope, spec, out (T, q_dim))
 
+Ops of an optional weight format (a runtime that lists the format in ``Runtime.weight_formats`` implements them,
+and its ``embedding`` takes tables in that format too; weights.for_runtime widens the format for other runtimes):
+  int8_gemm(x (n, k), w int8 (m, k), out (n, m))          out = x @ w.T, w = codes * scale per group
+
 Ops of the families beyond Llama (generic versions below go through the host, so they work on every backend;
 a backend implements them to keep the work on its device):
   add_bias(x (n, m), bias (m,), out (n, m))             out = x + bias
@@ -69,24 +73,29 @@ COMPOSITE_OPS = (
     "sample",
 )
 FAMILY_OPS = ("add_bias", "head_rmsnorm", "gelu_mul", "scale", "softcap", "gate_up_gelu")
-OP_NAMES = PRIMITIVE_OPS + COMPOSITE_OPS + FAMILY_OPS
+# weight format (Runtime.weight_formats) -> the ops a runtime taking it must have
+FORMAT_OPS: dict[str, tuple[str, ...]] = {"int8": ("int8_gemm",)}
+OP_NAMES = PRIMITIVE_OPS + COMPOSITE_OPS + FAMILY_OPS + tuple(op for ops in FORMAT_OPS.values() for op in ops)
 ATTENTION_FEATURES = ("window", "softcap", "scale")
 
 GENERIC_PRIORITY = -100  # generic composites lose to anything a backend or plugin registers
 
 
 def weight_kind(w: Any) -> str:
-    """'int4' or 'dense': every prepared weight handle carries a ``kind`` attribute."""
+    """'int4', 'int8' or 'dense': every prepared weight handle carries a ``kind`` attribute."""
     return w.kind
 
 
 def generic_linear(rt, x, w, out) -> None:
     """out (n, m) = x (n, k) @ w.T, dispatched on the weight's format and on n."""
-    if weight_kind(w) == "int4":
+    kind = weight_kind(w)
+    if kind == "int4":
         if out.shape[0] == 1:
             rt.ops.int4_gemv(x, w, out)
         else:
             rt.ops.int4_gemm(x, w, out)
+    elif kind == "int8":
+        rt.ops.int8_gemm(x, w, out)
     else:
         rt.ops.dense_gemm(x, w, out)
 

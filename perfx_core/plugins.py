@@ -25,7 +25,7 @@ import pluggy
 from . import hookspecs
 from .backend import Backend
 from .errors import BackendError, PluginError
-from .ops import GENERIC_OPS, GENERIC_PRIORITY, OP_NAMES, OpTable
+from .ops import FORMAT_OPS, GENERIC_OPS, GENERIC_PRIORITY, OP_NAMES, OpTable
 
 ENTRY_POINT_GROUP = "perfx"
 # (plugin name, module) of the built-in plugins, used when their entry points are not installed.
@@ -95,14 +95,16 @@ class Registry:
         return sorted(found, key=lambda i: i.priority, reverse=True)
 
     def resolve(self, backend: str) -> dict[str, OpImplementation]:
-        """The chosen implementation of every op for ``backend``; raises if a primitive op is missing."""
+        """The chosen implementation of every op for ``backend``; raises if a primitive op is missing (the ops of
+        optional weight formats, ops.FORMAT_OPS, may be: the runtime then gets those weights widened)."""
+        optional = {op for ops in FORMAT_OPS.values() for op in ops}
         chosen: dict[str, OpImplementation] = {}
         missing = []
         for op in OP_NAMES:
             found = self.candidates(backend, op)
             if found:
                 chosen[op] = found[0]
-            else:
+            elif op not in optional:
                 missing.append(op)
         if missing:
             raise BackendError(f"backend {backend!r} has no implementation of: {', '.join(missing)}")
@@ -123,6 +125,11 @@ class Registry:
         chosen = self.resolve(backend)
         runtime = backend_obj.open(device)
         runtime.ops = OpTable(runtime, {op: (impl.function, impl.source) for op, impl in chosen.items()})
+        # A format whose ops nothing registered for this backend (a NumPy-based backend of a test, say) is not
+        # one this runtime takes after all: its weights reach it widened.
+        runtime.weight_formats = frozenset(
+            f for f in runtime.weight_formats if all(op in chosen for op in FORMAT_OPS.get(f, (f,)))
+        )
         return runtime
 
 

@@ -2,7 +2,7 @@
 
 The conformance kit (perfx_core.conformance) compares backends against these functions. They take plain
 host arrays, never modify their arguments and return new arrays. They share no code with any backend,
-and decode the int4 format themselves, so a mistake in a backend (or in weights.dequantize) shows up as
+and decode the int4 and int8 formats themselves, so a mistake in a backend (or in weights.dequantize) shows up as
 a difference instead of being copied into the reference.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .specs import AttentionSpec
-from .weights import DenseWeight, Int4Weight, Weight
+from .weights import DenseWeight, Int4Weight, Int8Weight, Weight
 
 
 def dequantize_int4(packed: np.ndarray, scale: np.ndarray, bias: np.ndarray, group_size: int) -> np.ndarray:
@@ -24,10 +24,18 @@ def dequantize_int4(packed: np.ndarray, scale: np.ndarray, bias: np.ndarray, gro
     return codes * scale.astype(np.float64)[:, group] + bias.astype(np.float64)[:, group]
 
 
+def dequantize_int8(codes: np.ndarray, scale: np.ndarray, group_size: int) -> np.ndarray:
+    """(rows, cols) float64 values: code (r, c) times the scale of its group, scale[r, c // group_size]."""
+    group = np.arange(codes.shape[1]) // group_size
+    return codes.astype(np.float64) * scale.astype(np.float64)[:, group]
+
+
 def weight_values(weight: Weight) -> np.ndarray:
-    """The (rows, cols) float64 values a weight stands for, in either host format."""
+    """The (rows, cols) float64 values a weight stands for, in any host format."""
     if isinstance(weight, Int4Weight):
         return dequantize_int4(weight.packed, weight.scale, weight.bias, weight.group_size)
+    if isinstance(weight, Int8Weight):
+        return dequantize_int8(weight.codes, weight.scale, weight.group_size)
     if isinstance(weight, DenseWeight):
         return weight.data.astype(np.float64)
     raise TypeError(f"not a perfx host weight: {type(weight).__name__}")
@@ -35,11 +43,14 @@ def weight_values(weight: Weight) -> np.ndarray:
 
 def embedding(table: Weight, ids: np.ndarray) -> np.ndarray:
     """(n, d): row ids[i] of the table's values."""
-    return weight_values(table)[np.asarray(ids)]
+    ids = np.asarray(ids)
+    if isinstance(table, Int8Weight):  # only the rows looked up: an int8 table is often the largest matrix
+        return dequantize_int8(table.codes[ids], table.scale[ids], table.group_size)
+    return weight_values(table)[ids]
 
 
 def matmul(x: np.ndarray, weight: Weight) -> np.ndarray:
-    """(n, m) = x (n, k) @ w.T: int4_gemv, int4_gemm, dense_gemm, linear, qkv_proj and logits."""
+    """(n, m) = x (n, k) @ w.T: int4_gemv, int4_gemm, int8_gemm, dense_gemm, linear, qkv_proj and logits."""
     return np.asarray(x, dtype=np.float64) @ weight_values(weight).T
 
 

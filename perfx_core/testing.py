@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .conformance import ConformanceReport, check_backend
-from .ops import OP_NAMES
+from .ops import FORMAT_OPS, OP_NAMES
 from .plugins import get_registry
 
 
@@ -35,10 +35,16 @@ def assert_backend_conforms(
 
 
 def backend_conformance_cases(name: str, ops: list[str] | None = None) -> list[Any]:
-    """``pytest.param(name, op)`` per op, with readable ids: ``pytest.mark.parametrize("backend, op", cases)``."""
+    """``pytest.param(name, op)`` per op, with readable ids: ``pytest.mark.parametrize("backend, op", cases)``.
+    The ops of a weight format (ops.FORMAT_OPS) are left out where nothing implements them for the backend."""
     import pytest
 
-    return [pytest.param(name, op, id=f"{name}-{op}") for op in (ops or OP_NAMES)]
+    optional = {op for names in FORMAT_OPS.values() for op in names}
+    if not ops:
+        registry = get_registry()
+        implemented = {impl.op for impl in registry.ops if impl.backend in (name, "*")}
+        ops = [op for op in OP_NAMES if op not in optional or op in implemented]
+    return [pytest.param(name, op, id=f"{name}-{op}") for op in ops]
 
 
 def isolated_plugins(monkeypatch: Any, disable: tuple[str, ...] = (), load: str | None = None) -> Iterator[Any]:

@@ -1,13 +1,16 @@
 """perfx's host-side weight formats and the int4 quantization helpers (pack order written once here).
 
-Two formats cover every model (a third, ``BlockWeight``, hands a file's own blocks to a runtime that converts
+Three formats cover every model (a fourth, ``BlockWeight``, hands a file's own blocks to a runtime that converts
 them on its device):
 
 - ``Int4Weight``: 4-bit codes with one scale and one bias per group of ``group_size`` consecutive input
   columns. Dequantized value: ``w[r, c] = q[r, c] * scale[r, c // g] + bias[r, c // g]``.
   AWQ's ``(q - zero) * scale`` is the same thing with ``bias = -zero * scale``; GGUF Q4_0 is
   ``bias = -8 * d`` and Q4_1 is ``bias = m``. The bias is float32 so all three are stored exactly.
-- ``DenseWeight``: float32 or float16 values (GGUF F32/F16/BF16 and Q8_0 land here without loss).
+- ``Int8Weight``: int8 codes with one float16 scale per group: ``w[r, c] = q[r, c] * scale[r, c // g]``.
+  GGUF Q8_0 (``d * q``, 32 per block) is this format bit for bit, and so is Q5_0 (``q`` in -16..15). Only
+  runtimes that list "int8" in ``Runtime.weight_formats`` get it; ``for_runtime`` widens it for the others.
+- ``DenseWeight``: float32 or float16 values (GGUF F32/F16/BF16 land here without loss).
 
 Packing: byte ``packed[r, j]`` holds column ``2j`` in its low nibble and column ``2j + 1`` in its high nibble.
 """
@@ -55,6 +58,39 @@ class Int4Weight:
 
 
 @dataclass(frozen=True)
+class Int8Weight:
+    codes: np.ndarray  # int8 (rows, cols)
+    scale: np.ndarray  # float16 (rows, cols // group_size)
+    group_size: int = 32
+    # What a runtime without int8 ops gets instead (for_runtime): float32 holds every q * scale exactly;
+    # "float16" takes half that memory at float16 rounding (GGUF Q5_0, like the types perfx has no kernels for).
+    dense_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.codes.ndim != 2 or self.codes.dtype != np.int8 or self.scale.dtype != np.float16:
+            raise InvalidArgumentError("Int8Weight wants 2-D codes int8 and scale float16")
+        rows, cols = self.codes.shape
+        if self.group_size not in SUPPORTED_GROUP_SIZES or cols % self.group_size:
+            raise InvalidArgumentError(
+                f"group size {self.group_size} must be one of {SUPPORTED_GROUP_SIZES} and divide {cols} columns"
+            )
+        if self.scale.shape != (rows, cols // self.group_size):
+            raise InvalidArgumentError(
+                f"scale shape {self.scale.shape} does not match ({rows}, {cols // self.group_size})"
+            )
+        if self.dense_dtype not in ("float32", "float16"):
+            raise InvalidArgumentError(f"dense_dtype must be 'float32' or 'float16'; got {self.dense_dtype!r}")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.codes.shape  # type: ignore[return-value]
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.nbytes + self.scale.nbytes
+
+
+@dataclass(frozen=True)
 class DenseWeight:
     data: np.ndarray  # float32 or float16 (rows, cols)
 
@@ -94,14 +130,41 @@ class BlockWeight:
         return sum(p.nbytes for p in self.parts)
 
 
-Weight = Int4Weight | DenseWeight | BlockWeight
+Weight = Int4Weight | Int8Weight | DenseWeight | BlockWeight
 
 
-def for_runtime(weight: Weight, block_formats: frozenset[str]) -> Weight:
-    """``weight`` in a form a runtime that converts ``block_formats`` itself can take."""
+def for_runtime(weight: Weight, block_formats: frozenset[str], weight_formats: frozenset[str] = frozenset()) -> Weight:
+    """``weight`` in a form a runtime can take: one that converts ``block_formats`` itself and has the ops of
+    ``weight_formats`` (``Runtime.weight_formats``: "int8")."""
     if isinstance(weight, BlockWeight) and weight.block_format not in block_formats:
         return weight.as_int4()
+    if isinstance(weight, Int8Weight) and "int8" not in weight_formats:
+        return as_dense(weight)
     return weight
+
+
+def as_dense(weight: Int8Weight) -> DenseWeight:
+    """An int8 weight's values in its ``dense_dtype``, a chunk of rows at a time (no float32 copy of the whole
+    matrix on the way to a float16 one)."""
+    rows, cols = weight.shape
+    out = np.empty((rows, cols), dtype=weight.dense_dtype)
+    step = max(1, (1 << 20) // cols)
+    for r0 in range(0, rows, step):
+        out[r0 : r0 + step] = int8_rows(weight, slice(r0, r0 + step))
+    return DenseWeight(out)
+
+
+def int8_rows(weight: Int8Weight, rows: slice | np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """float32 values of some rows of an int8 weight (a slice or an index array), into ``out`` if given."""
+    codes, scale = weight.codes[rows], weight.scale[rows]
+    n, cols = codes.shape
+    g = weight.group_size
+    if out is None:
+        out = np.empty((n, cols), dtype=np.float32)
+    groups = out.view()
+    groups.shape = (n, cols // g, g)  # raises, rather than writing a copy, if out cannot be viewed so
+    np.multiply(codes.reshape(n, -1, g), scale.astype(np.float32)[:, :, None], out=groups)
+    return out
 
 
 def pack_int4(q: np.ndarray) -> np.ndarray:
@@ -125,6 +188,8 @@ def dequantize(weight: Weight, dtype: type = np.float32) -> np.ndarray:
         weight = weight.as_int4()
     if isinstance(weight, DenseWeight):
         return weight.data.astype(dtype, copy=False)
+    if isinstance(weight, Int8Weight):
+        return int8_rows(weight, slice(None)).astype(dtype, copy=False)
     rows, cols = weight.shape
     g = weight.group_size
     q = unpack_int4(weight.packed).reshape(rows, cols // g, g).astype(np.float32)
@@ -160,7 +225,8 @@ def quantize_rtn(w: np.ndarray, group_size: int = 128) -> Int4Weight:
 def concat_rows(weights: list[Weight]) -> Weight:
     """Stack weights along the output dimension (used for fused QKV and gate|up).
 
-    Int4 weights with one group size stay int4; any other mix becomes float32 (exact, more memory).
+    Int4 or int8 weights with one group size stay in their format; int8 ones mixed with dense ones become
+    dense in their ``dense_dtype``; any other mix becomes float32 (exact, more memory).
     """
     if all(isinstance(w, BlockWeight) for w in weights) and len({(w.block_format, w.cols) for w in weights}) == 1:  # type: ignore[union-attr]
         parts = tuple(p for w in weights for p in w.parts)  # type: ignore[union-attr]
@@ -168,6 +234,15 @@ def concat_rows(weights: list[Weight]) -> Weight:
             parts, weights[0].block_format, weights[0].cols, lambda: concat_rows([w.as_int4() for w in weights])
         )  # type: ignore[union-attr]
     weights = [w.as_int4() if isinstance(w, BlockWeight) else w for w in weights]
+    if all(isinstance(w, Int8Weight) for w in weights) and len({w.group_size for w in weights}) == 1:  # type: ignore[union-attr]
+        return Int8Weight(
+            np.concatenate([w.codes for w in weights]),  # type: ignore[union-attr]
+            np.concatenate([w.scale for w in weights]),  # type: ignore[union-attr]
+            weights[0].group_size,  # type: ignore[union-attr]
+            "float16" if all(w.dense_dtype == "float16" for w in weights) else "float32",  # type: ignore[union-attr]
+        )
+    if any(isinstance(w, DenseWeight) for w in weights):
+        weights = [as_dense(w) if isinstance(w, Int8Weight) else w for w in weights]
     if all(isinstance(w, Int4Weight) for w in weights) and len({w.group_size for w in weights}) == 1:  # type: ignore[union-attr]
         return Int4Weight(
             np.concatenate([w.packed for w in weights]),  # type: ignore[union-attr]
@@ -186,6 +261,13 @@ def take_rows(weight: Weight, order: np.ndarray) -> Weight:
         weight = weight.as_int4()
     if isinstance(weight, DenseWeight):
         return DenseWeight(np.ascontiguousarray(weight.data[order]))
+    if isinstance(weight, Int8Weight):
+        return Int8Weight(
+            np.ascontiguousarray(weight.codes[order]),
+            np.ascontiguousarray(weight.scale[order]),
+            weight.group_size,
+            weight.dense_dtype,
+        )
     return Int4Weight(
         np.ascontiguousarray(weight.packed[order]),
         np.ascontiguousarray(weight.scale[order]),

@@ -13,7 +13,7 @@ from perfx_core import reference
 from perfx_core.conformance import NORM_LIMIT, check_backend
 from perfx_core.errors import InvalidArgumentError
 from perfx_core.hookspecs import hookimpl
-from perfx_core.ops import OP_NAMES, PRIMITIVE_OPS
+from perfx_core.ops import FORMAT_OPS, OP_NAMES, PRIMITIVE_OPS
 from perfx_core.plugins import Registry, get_registry, make_plugin_manager, register_plugin, unregister_plugin
 from perfx_core.testing import isolated_plugins
 from perfx_core.weights import dequantize, quantize_rtn
@@ -76,6 +76,12 @@ def unwritten_int4_gemv(rt, x, w, out):
     _ = x @ w.float32().T
 
 
+def one_scale_int8_gemm(rt, x, w, out):
+    """Every group multiplied by the first group's scale: right wherever a row's scales happen to agree."""
+    weight = w.weight
+    out[...] = x @ (weight.codes.astype(np.float32) * weight.scale[:, :1].astype(np.float32)).T
+
+
 def cache_clobbering_prefill(rt, qkv, cache, layer, slot, start, rope, spec, out):
     """Right output, but it also zeroes the cache position after the new tokens."""
     numpy_ops.attention_prefill(rt, qkv, cache, layer, slot, start, rope, spec, out)
@@ -95,6 +101,7 @@ FAULTS = {
     "dense_gemm": raising_dense_gemm,
     "int4_gemv": unwritten_int4_gemv,
     "attention_prefill": cache_clobbering_prefill,
+    "int8_gemm": one_scale_int8_gemm,
 }
 
 
@@ -105,7 +112,7 @@ class BrokenPlugin:
 
     @hookimpl
     def perfx_register_ops(self, register):
-        for op in PRIMITIVE_OPS:
+        for op in PRIMITIVE_OPS + FORMAT_OPS["int8"]:
             register("broken", op, FAULTS.get(op, getattr(numpy_ops, op)))
 
 
@@ -136,6 +143,33 @@ def test_broken_backend_fails(broken_report):
         assert failures(broken_report, op), f"the fault in {op} went unnoticed:\n{text}"
     for op in ("embedding", "int4_gemm", "add_rmsnorm", "attention_decode"):
         assert not failures(broken_report, op), text
+
+
+def test_int8_cases_run_only_where_the_runtime_takes_int8(clean_registry):
+    """A backend on the NumPy runtime that registers no int8_gemm takes no int8 weights (they reach it widened):
+    the kit runs none of the int8 cases there, and passes."""
+
+    class NoInt8Plugin:
+        @hookimpl
+        def perfx_register_backends(self, register):
+            register(type("NoInt8Backend", (NumpyBackend,), {"name": "noint8"})())
+
+        @hookimpl
+        def perfx_register_ops(self, register):
+            for op in PRIMITIVE_OPS:
+                register("noint8", op, getattr(numpy_ops, op))
+
+    registry = register_plugin(NoInt8Plugin(), "noint8-test")
+    try:
+        rt = registry.open_runtime("noint8")
+        assert rt.weight_formats == frozenset() and "int8_gemm" not in rt.ops.sources
+        rt.close()
+        report = check_backend("noint8", ops=["embedding", "linear", "int8_gemm"], registry=registry)
+        assert report.passed and report.results and not any("int8" in r.case for r in report.results)
+    finally:
+        unregister_plugin("noint8-test")
+    numpy_report = check_backend("numpy", ops=["int8_gemm"], registry=get_registry())
+    assert numpy_report.passed and len(numpy_report.results) >= 9
 
 
 def test_wrong_numbers_fail_by_nmse(broken_report):

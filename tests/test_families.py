@@ -33,41 +33,9 @@ TOLERANCE = 1e-5
 N_NEW = 8
 
 
-def nmse(a: np.ndarray, ref: np.ndarray) -> float:
-    a, ref = np.asarray(a, np.float64), np.asarray(ref, np.float64)
-    return float(np.sum((a - ref) ** 2) / np.sum(ref**2))
-
-
-class Checkpoints:
-    """Builds each checkpoint once per module: the Hugging Face directory, then its GGUF conversions."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self._gguf: dict[tuple[str, str], tuple[Path, dict[str, np.ndarray]]] = {}
-
-    def hf(self, family: str) -> Path:
-        path = self.root / family
-        return path if path.is_dir() else tf.build_hf_checkpoint(family, path)
-
-    def gguf(self, family: str, tensor_type: str) -> tuple[Path, dict[str, np.ndarray]]:
-        """(GGUF path, the decoded weights by Hugging Face name)."""
-        key = (family, tensor_type)
-        if key not in self._gguf:
-            path = self.root / f"{family}-{tensor_type}.gguf"
-            self._gguf[key] = path, tf.write_gguf(self.hf(family), path, tensor_type)
-        return self._gguf[key]
-
-    def source(self, family: str, fmt: str) -> tuple[Path, object]:
-        """(what perfx loads, the transformers model it must match) for format 'hf' or 'gguf-<type>'."""
-        if fmt == "hf":
-            return self.hf(family), tf.reference_model(self.hf(family))
-        path, decoded = self.gguf(family, fmt.split("-", 1)[1])
-        return path, tf.reference_model(self.hf(family), view_as_gguf=True, weights=decoded)
-
-
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory) -> Checkpoints:
-    return Checkpoints(tmp_path_factory.mktemp("families"))
+def checkpoints(tmp_path_factory) -> tf.Checkpoints:
+    return tf.Checkpoints(tmp_path_factory.mktemp("families"))
 
 
 @contextmanager
@@ -77,11 +45,6 @@ def loaded(path: Path):
         yield model
     finally:
         model.close()
-
-
-def hf_logits(model, ids: list[int]) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].numpy()
 
 
 # -- the fixtures ---------------------------------------------------------------------------------------------
@@ -104,8 +67,8 @@ FEATURES = [
 def test_fixture_features_change_the_logits(checkpoints, family, change):
     """A loader that ignored this setting would be off by far more than the tolerance."""
     hf = checkpoints.hf(family)
-    base = hf_logits(tf.reference_model(hf), IDS)
-    assert nmse(hf_logits(tf.reference_model(hf, **change), IDS), base) > 30 * TOLERANCE
+    base = tf.hf_logits(tf.reference_model(hf), IDS)
+    assert tf.nmse(tf.hf_logits(tf.reference_model(hf, **change), IDS), base) > 30 * TOLERANCE
 
 
 def test_fixture_gemma3_local_rope_base_changes_the_logits(checkpoints):
@@ -113,9 +76,9 @@ def test_fixture_gemma3_local_rope_base_changes_the_logits(checkpoints):
     config = transformers.AutoConfig.from_pretrained(hf)
     assert config.rope_parameters["sliding_attention"]["rope_theta"] == 2500.0
     assert config.rope_parameters["full_attention"]["rope_theta"] == 1e6
-    base = hf_logits(tf.reference_model(hf), IDS)
+    base = tf.hf_logits(tf.reference_model(hf), IDS)
     local = {**config.rope_parameters, "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
-    assert nmse(hf_logits(tf.reference_model(hf, rope_parameters=local), IDS), base) > 30 * TOLERANCE
+    assert tf.nmse(tf.hf_logits(tf.reference_model(hf, rope_parameters=local), IDS), base) > 30 * TOLERANCE
 
 
 @pytest.mark.parametrize("tensor_type", ["F32", "Q8_0"])
@@ -145,7 +108,7 @@ def test_gguf_fixture_reads_back_in_transformers(checkpoints, family, tensor_typ
         path.parent, gguf_file=path.name, config=config, dtype=torch.float32, attn_implementation="eager"
     ).eval()
     reference = tf.reference_model(checkpoints.hf(family), view_as_gguf=True, weights=decoded)
-    assert nmse(hf_logits(theirs, IDS), hf_logits(reference, IDS)) < 1e-10
+    assert tf.nmse(tf.hf_logits(theirs, IDS), tf.hf_logits(reference, IDS)) < 1e-10
 
 
 @pytest.mark.parametrize("fmt", ["hf", "gguf-F32"])
@@ -166,11 +129,11 @@ def test_fixture_tokenizer_is_transformers_own(checkpoints, fmt):
 @pytest.mark.parametrize("family", tf.FAMILIES)
 def test_logits_match_transformers(checkpoints, family, fmt):
     path, reference = checkpoints.source(family, fmt)
-    expected = hf_logits(reference, IDS)
+    expected = tf.hf_logits(reference, IDS)
     with loaded(path) as model:
         ours = model.logits(IDS)
     assert ours.shape == expected.shape == (len(IDS), tf.VOCAB)
-    error = nmse(ours, expected)
+    error = tf.nmse(ours, expected)
     assert error < TOLERANCE, f"{family} ({fmt}): NMSE {error:.2e} against transformers"
 
 

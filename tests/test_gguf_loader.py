@@ -1,5 +1,6 @@
-"""load_llama_gguf: lossless conversion of every exact tensor type, K-quant re-quantization, the q/k row
-un-permutation, tied/separate output, rope scaling, and SmolLM2 (a real Q4_1 checkpoint) end to end."""
+"""load_llama_gguf: lossless conversion of every exact tensor type (Q8_0 and Q5_0 as the file's own codes and
+scales), K-quant re-quantization, the q/k row un-permutation, tied/separate output, rope scaling, and SmolLM2 (a
+real Q4_1 checkpoint with a Q8_0 embedding) end to end."""
 
 from __future__ import annotations
 
@@ -23,9 +24,9 @@ from perfx_core.gguf_loader import (
     load_llama_gguf,
     read_llama_config,
 )
-from perfx_core.weights import DenseWeight, Int4Weight, dequantize
+from perfx_core.weights import DenseWeight, Int4Weight, Int8Weight, concat_rows, dequantize, for_runtime
 
-LOSSLESS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+LOSSLESS = ("F32", "F16", "BF16", "Q8_0", "Q5_0", "Q4_0", "Q4_1")
 LAYER_TENSORS = {
     "attn_norm": "attn_norm",
     "attn_q": "wq",
@@ -100,6 +101,8 @@ def test_lossless_types_load_exactly(tmp_path: Path, tensor_type: str, tied: boo
     w = weights.layers[0].wq
     if tensor_type in ("Q4_0", "Q4_1"):
         assert isinstance(w, Int4Weight) and w.group_size == 32
+    elif tensor_type in ("Q8_0", "Q5_0"):
+        assert isinstance(w, Int8Weight) and w.group_size == 32
     else:
         assert isinstance(w, DenseWeight)
         assert w.data.dtype == (np.float16 if tensor_type == "F16" else np.float32)
@@ -120,6 +123,58 @@ def test_matches_gguf_dequantize_of_stored_bytes(tmp_path: Path, tensor_type: st
             heads = config.n_heads if ".attn_q." in name else config.n_kv_heads
             ref = ref[np.argsort(permute_hf_to_gguf(np.arange(ref.shape[0]), heads))]
         np.testing.assert_array_equal(as_floats(loaded), ref, err_msg=name)
+
+
+def _stored_blocks(gf, name: str, block_bytes: int, order: np.ndarray | None) -> np.ndarray:
+    """The file's blocks of a tensor, (rows, blocks, block_bytes) uint8, rows in the loaded (HF) order."""
+    raw = np.asarray(gf.tensor_data(name)).view(np.uint8)
+    raw = raw if order is None else raw[order]
+    return raw.reshape(raw.shape[0], -1, block_bytes)
+
+
+@pytest.mark.parametrize("tensor_type, block_bytes", [("Q8_0", 34), ("Q5_0", 22)])
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "separate"])
+def test_int8_types_load_as_the_files_codes_and_scales(tmp_path: Path, tensor_type: str, block_bytes: int, tied: bool):
+    """Q8_0 and Q5_0 tensors written by the gguf library load as Int8Weight whose float16 scales are the blocks'
+    own two bytes and whose codes are Q8_0's bytes (Q5_0: its 5-bit codes, so that codes * scale is the file's
+    value); no float32 or float16 copy of the matrix is made."""
+    model = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type=tensor_type, tied=tied, seed=5)
+    config, weights, gf = load_llama_gguf(model.path)
+    orders = {".attn_q.": config.n_heads, ".attn_k.": config.n_kv_heads}
+    for name, w in loaded_tensors(weights).items():
+        if isinstance(w, np.ndarray):
+            continue  # the norm vectors
+        assert isinstance(w, Int8Weight) and w.group_size == 32 and w.codes.dtype == np.int8, name
+        heads = next((h for part, h in orders.items() if part in name), 0)
+        order = np.argsort(permute_hf_to_gguf(np.arange(w.shape[0]), heads)) if heads else None
+        blocks = _stored_blocks(gf, name, block_bytes, order)
+        np.testing.assert_array_equal(w.scale.view(np.uint8).reshape(blocks.shape[:2] + (2,)), blocks[:, :, :2])
+        if tensor_type == "Q8_0":
+            np.testing.assert_array_equal(w.codes.view(np.uint8).reshape(blocks.shape[:2] + (32,)), blocks[:, :, 2:])
+        else:
+            assert -16 <= w.codes.min() and w.codes.max() <= 15
+        np.testing.assert_array_equal(dequantize(w), model.expected[name], err_msg=name)
+        assert w.nbytes == gf.tensors[name].nbytes * 34 // block_bytes  # Q8_0: the file's own bytes
+    assert (weights.output is weights.token_embedding) is tied
+
+
+@pytest.mark.parametrize("tensor_type, dtype", [("Q8_0", np.float32), ("Q5_0", np.float16)])
+def test_int8_weights_reach_other_runtimes_widened(tmp_path: Path, tensor_type: str, dtype: type):
+    """A runtime without int8 ops (OpenCL) gets what GGUF loaders always gave it: Q8_0 as exact float32, Q5_0 as
+    float16 (the file's values rounded once), also for fused q|k|v weights of both types."""
+    model = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type=tensor_type, seed=2)
+    _, weights, gf = load_llama_gguf(model.path)
+    dense = for_runtime(weights.token_embedding, frozenset(), frozenset())
+    assert isinstance(dense, DenseWeight) and dense.data.dtype == dtype
+    raw = np.asarray(gf.tensor_data("token_embd.weight"))
+    ref = gguf.quants.dequantize(raw, gf.tensors["token_embd.weight"].ggml_type).reshape(dense.shape)
+    np.testing.assert_array_equal(dense.data, ref.astype(dtype))
+    assert for_runtime(weights.token_embedding, frozenset(), frozenset({"int8"})) is weights.token_embedding
+    layer = weights.layers[0]
+    fused = for_runtime(concat_rows([layer.wq, layer.wk, layer.wv]), frozenset(), frozenset())
+    assert isinstance(fused, DenseWeight) and fused.data.dtype == dtype
+    mixed = concat_rows([layer.wq, DenseWeight(dense.data[:3])])  # int8 next to dense: dense in the int8's dtype
+    assert isinstance(mixed, DenseWeight) and mixed.data.dtype == dtype
 
 
 def test_q4_k_loads_as_int4_with_its_own_codes(tmp_path: Path):
@@ -176,7 +231,7 @@ def test_tokenizer_metadata_of_tiny_model(tmp_path: Path):
     assert meta["tokenizer.ggml.model"] == "gpt2" and meta["tokenizer.ggml.eos_token_id"] == 2
 
 
-@pytest.mark.parametrize("tensor_type", ["F32", "F16", "BF16", "Q8_0"])
+@pytest.mark.parametrize("tensor_type", ["F32", "F16", "BF16", "Q8_0", "Q5_0"])
 def test_load_memory_is_bounded(tmp_path: Path, tensor_type: str):
     """Peak memory stays near what is returned: conversions go chunk by chunk, not via full-size temporaries."""
     model = write_tiny_llama_gguf(
@@ -274,8 +329,13 @@ def test_smollm2_tensors_exact(smollm2_loaded):
     np.testing.assert_array_equal(dequantize(layer.wk), reference("blk.7.attn_k.weight", config.n_kv_heads))
     np.testing.assert_array_equal(dequantize(layer.w_down), reference("blk.7.ffn_down.weight"))
     np.testing.assert_array_equal(layer.attn_norm, reference("blk.7.attn_norm.weight"))
-    assert isinstance(weights.token_embedding, DenseWeight) and weights.token_embedding.data.dtype == np.float32
-    np.testing.assert_array_equal(weights.token_embedding.data[:4096], reference("token_embd.weight")[:4096])
+    # The Q8_0 embedding (and tied LM head): the file's int8 codes and float16 scales, 34 bytes per 32 weights.
+    embedding = weights.token_embedding
+    assert isinstance(embedding, Int8Weight) and embedding.nbytes == gf.tensors["token_embd.weight"].nbytes
+    blocks = _stored_blocks(gf, "token_embd.weight", 34, None)
+    np.testing.assert_array_equal(embedding.codes.view(np.uint8).reshape(49152, 18, 32), blocks[:, :, 2:])
+    np.testing.assert_array_equal(embedding.scale.view(np.uint8).reshape(49152, 18, 2), blocks[:, :, :2])
+    np.testing.assert_array_equal(dequantize(embedding)[:4096], reference("token_embd.weight")[:4096])
 
 
 def test_smollm2_tokenizer_metadata(smollm2_loaded):

@@ -117,6 +117,19 @@ SPECS = {
         norm_shift=1.0,
     ),  # fmt: skip
 }
+# Phi-3's long-context RoPE at test scale: original context 32 (max_position_embeddings 128, so the attention
+# factor is sqrt(1 + ln 4 / ln 32)), factors for dim / heads = 16 that move every rotation speed, and no window
+# (so attention reaches the whole prompt and every speed shows): build_hf_checkpoint("phi3", dir, **PHI3_LONGROPE).
+LONGROPE_ORIGINAL = 32
+PHI3_LONGROPE = {
+    "sliding_window": None,
+    "original_max_position_embeddings": LONGROPE_ORIGINAL,
+    "rope_scaling": {
+        "rope_type": "longrope",
+        "short_factor": [1.1, 1.25, 1.4, 1.6, 1.9, 2.2, 2.6, 3.0],
+        "long_factor": [1.5, 2.0, 3.0, 4.5, 6.0, 9.0, 12.0, 16.0],
+    },
+}
 _FAMILY_OF_MODEL_TYPE = {"qwen2": "qwen2", "qwen3": "qwen3", "mistral": "mistral", "phi3": "phi3",
                          "gemma2": "gemma2", "gemma3_text": "gemma3"}  # fmt: skip
 
@@ -262,6 +275,7 @@ def _parameters(family: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
             "rope_dimension_count": rope_dims,
             "rope_freq_base": _rope_theta(cfg),
             "sliding_window": cfg.get("sliding_window") or 0,
+            **_phi3_longrope_keys(cfg),
         }
     if family == "gemma2":  # Gemma2Model: no rope.freq_base (llama.cpp's default 10000 is Gemma 2's)
         return {
@@ -287,6 +301,29 @@ def _parameters(family: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
             keys["sliding_window"] = cfg["sliding_window"]
         return keys
     raise ValueError(family)
+
+
+def _phi3_rope_scaling(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The longrope object of a Phi-3 config.json (transformers >= 5 saves rope_parameters), or {}."""
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    return params if params.get("long_factor") else {}
+
+
+def _phi3_longrope_keys(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Phi3MiniModel.generate_extra_tensors' key: the attention factor, from max / original context (su and
+    longrope's formula; the converter reads no attention_factor or factor key)."""
+    if not _phi3_rope_scaling(cfg):
+        return {}
+    original = cfg["original_max_position_embeddings"]
+    scale = cfg["max_position_embeddings"] / original
+    return {"rope_scaling_attn_factors": math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0}
+
+
+def _phi3_longrope_tensors(cfg: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Phi3MiniModel.generate_extra_tensors' tensors: the two factor lists as float32 vectors."""
+    scaling = _phi3_rope_scaling(cfg)
+    sets = {gguf.MODEL_TENSOR.ROPE_FACTORS_LONG: "long_factor", gguf.MODEL_TENSOR.ROPE_FACTORS_SHORT: "short_factor"}
+    return {f"{gguf.TENSOR_NAMES[t]}.weight": np.asarray(scaling[k], np.float32) for t, k in sets.items() if scaling}
 
 
 def _tokenizer_metadata(writer: gguf.GGUFWriter) -> None:
@@ -379,6 +416,8 @@ def write_gguf(
         if spec.norm_shift and hf_name.endswith("norm.weight"):
             data = data + np.float32(spec.norm_shift)
         tensors[gguf_name] = data
+    if family == "phi3":
+        tensors.update(_phi3_longrope_tensors(cfg))
     if edit is not None:
         edit(tensors)
     for name, data in tensors.items():
@@ -416,7 +455,9 @@ def gguf_view(family: str, config: Any) -> Any:
       set_swa_pattern(6) (layer i slides when i % 6 < 5), which for 6 blocks is transformers' own pattern.
     - Gemma 2: pattern 2 (set_swa_pattern(2)) and theta 10000 are the fixture's own values: nothing lost.
     - Phi-3: the converter writes sliding_window and the test keeps it. (llama.cpp's loader currently turns Phi
-      SWA off with a warning, PR 13676, as a stopgap; the file itself says the window.)
+      SWA off with a warning, PR 13676, as a stopgap; the file itself says the window.) LongRoPE's factors and
+      original context round-trip; its attention factor is written from max / original context, which is
+      transformers' default where config.json gives no attention_factor or factor (PHI3_LONGROPE gives none).
     Everything else round-trips: the returned config is ``config`` itself for those families.
     """
     cfg = copy.deepcopy(config)
@@ -459,3 +500,49 @@ def reference_model(
             for name, value in weights.items():
                 params[name].copy_(torch.from_numpy(np.asarray(value, np.float32)))
     return model.eval()
+
+
+# -- what the family tests share ------------------------------------------------------------------------------
+
+
+def nmse(a: np.ndarray, ref: np.ndarray) -> float:
+    a, ref = np.asarray(a, np.float64), np.asarray(ref, np.float64)
+    return float(np.sum((a - ref) ** 2) / np.sum(ref**2))
+
+
+def hf_logits(model, ids: list[int]) -> np.ndarray:
+    """transformers' logits (T, vocab) of one sequence."""
+    import torch
+
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()
+
+
+class Checkpoints:
+    """Builds each checkpoint once per test module: the Hugging Face directory, then its GGUF conversions.
+    A checkpoint is named by its family, or by a name in ``variants``: name -> (family, config overrides)."""
+
+    def __init__(self, root: Path, variants: Mapping[str, tuple[str, Mapping[str, Any]]] | None = None):
+        self.root = root
+        self.variants = dict(variants or {})
+        self._gguf: dict[tuple[str, str], tuple[Path, dict[str, np.ndarray]]] = {}
+
+    def hf(self, name: str) -> Path:
+        family, overrides = self.variants.get(name, (name, {}))
+        path = self.root / name
+        return path if path.is_dir() else build_hf_checkpoint(family, path, **overrides)
+
+    def gguf(self, name: str, tensor_type: str) -> tuple[Path, dict[str, np.ndarray]]:
+        """(GGUF path, the decoded weights by Hugging Face name)."""
+        key = (name, tensor_type)
+        if key not in self._gguf:
+            path = self.root / f"{name}-{tensor_type}.gguf"
+            self._gguf[key] = path, write_gguf(self.hf(name), path, tensor_type)
+        return self._gguf[key]
+
+    def source(self, name: str, fmt: str) -> tuple[Path, object]:
+        """(what perfx loads, the transformers model it must match) for format 'hf' or 'gguf-<type>'."""
+        if fmt == "hf":
+            return self.hf(name), reference_model(self.hf(name))
+        path, decoded = self.gguf(name, fmt.split("-", 1)[1])
+        return path, reference_model(self.hf(name), view_as_gguf=True, weights=decoded)

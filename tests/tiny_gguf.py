@@ -22,7 +22,7 @@ from gguf import GGMLQuantizationType, GGUFValueType
 
 from perfx_core.tokenizer_bpe import bytes_to_unicode  # the table a GPT-2 vocabulary is written in
 
-TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K")
+TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q5_0", "Q4_0", "Q4_1", "Q4_K")
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # unk, bos, eos (as in SmolLM2)
 # A few byte-level BPE merges; each part exists before its merge, so the vocabulary is self-consistent.
 MERGES = (
@@ -238,7 +238,7 @@ def _store(w: np.ndarray, tensor_type: str, rng: np.random.Generator) -> tuple[n
     if tensor_type == "Q4_K":
         raw = _random_q4_k_blocks(w.shape[0], w.shape[1], rng)
     else:
-        raw = gguf.quants.quantize(w, qtype)  # BF16, Q8_0, Q4_0, Q4_1: the same code llama.cpp's converter uses
+        raw = gguf.quants.quantize(w, qtype)  # BF16, Q8_0, Q5_0, Q4_0, Q4_1: the same code llama.cpp's converter uses
     return raw, qtype, gguf.quants.dequantize(raw, qtype)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from perfx_core.hookspecs import hookimpl
-from perfx_core.ops import PRIMITIVE_OPS
+from perfx_core.ops import FORMAT_OPS, PRIMITIVE_OPS
 
 from . import ops
 from .runtime import NumpyBackend
@@ -16,5 +16,6 @@ def perfx_register_backends(register):
 
 @hookimpl(trylast=True)
 def perfx_register_ops(register):
-    for name in PRIMITIVE_OPS + ops.FAMILY_OPS:  # the NumPy backend implements every primitive op
+    # Every primitive op, and the ops of the weight formats its runtime takes (NumpyRuntime.weight_formats).
+    for name in PRIMITIVE_OPS + ops.FAMILY_OPS + FORMAT_OPS["int8"]:
         register("numpy", name, getattr(ops, name), priority=0)

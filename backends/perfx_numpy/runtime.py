@@ -1,4 +1,5 @@
-"""NumPy runtime: tensors are NumPy arrays, weights are kept packed and dequantized lazily on first use."""
+"""NumPy runtime: tensors are NumPy arrays; int4 weights are kept packed and dequantized lazily on first use, int8
+weights stay int8 (their matmul dequantizes a block of rows at a time)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import psutil
 
 from perfx_core.backend import Backend, DeviceInfo, KVCacheSpec, Runtime
 from perfx_core.errors import BackendError
-from perfx_core.weights import DenseWeight, Int4Weight, Weight, dequantize
+from perfx_core.weights import DenseWeight, Int4Weight, Int8Weight, Weight, dequantize
 
 
 @dataclass(eq=False)
@@ -29,7 +30,9 @@ class NumpyWeight:
 
     @property
     def kind(self) -> str:
-        return "int4" if isinstance(self.weight, Int4Weight) else "dense"
+        if isinstance(self.weight, Int4Weight):
+            return "int4"
+        return "int8" if isinstance(self.weight, Int8Weight) else "dense"
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -54,6 +57,7 @@ class NumpyKVCache:
 
 class NumpyRuntime(Runtime):
     backend_name = "numpy"
+    weight_formats = frozenset({"int8"})
 
     def __init__(self, device: DeviceInfo):
         self.device = device
@@ -103,7 +107,13 @@ class NumpyRuntime(Runtime):
                 found[id(base)] = base.nbytes
 
         weight = handle.weight
-        for array in (weight.data,) if isinstance(weight, DenseWeight) else (weight.packed, weight.scale, weight.bias):
+        if isinstance(weight, DenseWeight):
+            arrays: tuple[np.ndarray, ...] = (weight.data,)
+        elif isinstance(weight, Int8Weight):
+            arrays = (weight.codes, weight.scale)
+        else:
+            arrays = (weight.packed, weight.scale, weight.bias)
+        for array in arrays:
             add(array)
         add(handle._float32)
         for name, value in vars(handle).items():

@@ -1,5 +1,7 @@
 """Phi-3 / Phi-3.5: q, k, v in one projection and gate, up in another (kept fused in GGUF too), NeoX RoPE, a
-sliding window where the config sets one. Long-context RoPE scaling (su / longrope) is refused at load."""
+sliding window where the config sets one. The long-context (128k) models' LongRoPE ("longrope", formerly "su")
+is read by the formats (formats/hf_rope.py; in GGUF, rope_factors_long/short.weight and the rope.scaling keys)
+into config.long_rope, and perfx_core.rope applies it."""
 
 from __future__ import annotations
 

@@ -15,9 +15,10 @@ import numpy as np
 
 from ..architectures import Family, family_for_hf, family_named
 from ..architectures.base import OPTIONAL_TENSORS, expected_shapes, optional_tensors
-from ..config import ConfigCheck, LayerWeights, LlamaConfig, LlamaWeights, config_from_values, show
+from ..config import LayerWeights, LlamaConfig, LlamaWeights, config_from_values, show
 from ..errors import ModelFormatError, PerfxError
 from ..weights import SUPPORTED_GROUP_SIZES, DenseWeight, Weight, quantize_rtn
+from .hf_rope import rope_values
 from .safetensors_io import SafetensorsFile, bf16_to_f32
 
 # config.json activation names -> perfx's (transformers' gelu_pytorch_tanh is the tanh approximation)
@@ -71,13 +72,6 @@ HF_KEYS = {
     "name": "_name_or_path",
 }
 _HF_DEFAULTS = {"norm_eps": 1e-6, "rope_theta": 10000.0, "context_length": 2048, "tied_embeddings": False, "name": ""}
-# RopeScaling field -> key inside rope_scaling
-_SCALING_KEYS = {
-    "factor": "factor",
-    "low_freq_factor": "low_freq_factor",
-    "high_freq_factor": "high_freq_factor",
-    "original_context_length": "original_max_position_embeddings",
-}
 
 
 def config_from_hf(raw: dict[str, Any], where: str) -> LlamaConfig:
@@ -116,29 +110,8 @@ def config_from_hf(raw: dict[str, Any], where: str) -> LlamaConfig:
             names["rope_theta"] = "rope_parameters.rope_theta"
     for f, default in _HF_DEFAULTS.items():
         values.setdefault(f, default)
-    scaling_key, scaling = "rope_scaling", raw.get("rope_scaling")
-    if scaling is None and isinstance(params, dict) and params.get("rope_type") not in (None, "default"):
-        scaling_key, scaling = "rope_parameters", params
-    names["rope_scaling"] = scaling_key
-    names.update({f"rope_scaling.{f}": f"{scaling_key}.{k}" for f, k in _SCALING_KEYS.items()})
-    values["rope_scaling"] = _llama3_scaling(scaling, scaling_key, ConfigCheck(file, names))
+    values.update(rope_values(raw, params, file, names))
     return config_from_values(values, file, names)
-
-
-def _llama3_scaling(scaling: Any, key: str, check: ConfigCheck) -> Any:
-    """The RopeScaling fields of a ``rope_scaling`` object (None for no scaling), as read, for config_from_values."""
-    if scaling is None:
-        return None
-    if not isinstance(scaling, dict):
-        return scaling  # config_from_values names the wrong type
-    kind = scaling.get("rope_type", scaling.get("type"))
-    if kind in (None, "default"):
-        return None
-    if kind != "llama3":
-        if not isinstance(kind, str):
-            raise check.bad(f"{key}.rope_type", kind, "a RoPE scaling name such as 'llama3'", True)
-        raise check.error(f"RoPE scaling {kind!r} ({key}.rope_type) is not supported (only 'llama3')")
-    return {f: scaling[k] for f, k in _SCALING_KEYS.items() if k in scaling}
 
 
 NORMS = ("attn_norm", "ffn_norm", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")

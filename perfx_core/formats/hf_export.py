@@ -49,6 +49,15 @@ def hf_config(config: LlamaConfig, dtype: np.dtype) -> dict[str, Any]:
             "high_freq_factor": s.high_freq_factor,
             "original_max_position_embeddings": s.original_context_length,
         }
+    if config.long_rope is not None:
+        r = config.long_rope
+        raw["rope_scaling"] = {
+            "rope_type": "longrope",
+            "short_factor": list(r.short_factors),
+            "long_factor": list(r.long_factors),
+            "original_max_position_embeddings": r.original_context_length,
+            "attention_factor": r.attn_factor,
+        }
     return raw
 
 

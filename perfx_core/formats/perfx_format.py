@@ -25,7 +25,16 @@ from typing import Any
 
 import numpy as np
 
-from ..config import ConfigCheck, LayerWeights, LlamaConfig, LlamaWeights, RopeScaling, config_from_values, show
+from ..config import (
+    ConfigCheck,
+    LayerWeights,
+    LlamaConfig,
+    LlamaWeights,
+    LongRope,
+    RopeScaling,
+    config_from_values,
+    show,
+)
 from ..errors import ModelFormatError
 from ..weights import SUPPORTED_GROUP_SIZES, DenseWeight, Int4Weight
 from .hf import LINEARS, expected_shapes, read_json
@@ -52,7 +61,8 @@ def config_from_json(raw: Any, where: str) -> LlamaConfig:
         raise ConfigCheck(file).bad("config", raw, "an object", True)
     fields = {f.name for f in dataclasses.fields(LlamaConfig)}
     names = {f: f"config.{f}" for f in fields}
-    names.update({f"rope_scaling.{f.name}": f"config.rope_scaling.{f.name}" for f in dataclasses.fields(RopeScaling)})
+    for field, nested in (("rope_scaling", RopeScaling), ("long_rope", LongRope)):
+        names.update({f"{field}.{f.name}": f"config.{field}.{f.name}" for f in dataclasses.fields(nested)})
     return config_from_values({k: v for k, v in raw.items() if k in fields}, file, names)
 
 

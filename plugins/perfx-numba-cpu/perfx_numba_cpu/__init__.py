@@ -8,15 +8,16 @@
   prompt), else (batched decode) BLAS on the NumPy backend's cached float copy.
 - ``int4_gemm`` with larger n (prefill): W dequantized into a reused float32 scratch buffer (in tiles only
   for huge matrices), then one BLAS call.
-- ``dense_gemm`` with n <= SMALL_N on a float32 weight that is exactly int8 * per-32-block scale (GGUF Q8_0
-  loaded into float32, e.g. SmolLM2's tied embedding/output): an int8 copy made at first use, 4x less
-  memory traffic than the float32 sgemv. Anything else: NumPy's BLAS on the float32 values.
+- ``int8_gemm`` (int8 codes, a float16 scale per group: GGUF Q8_0 and Q5_0, e.g. SmolLM2's tied embedding/output)
+  with n <= INT8_MAX_N: a GEMV kernel on the weight's own arrays (no copy), 4x less memory traffic than a float32
+  sgemv; larger n: blocks of rows dequantized into one reused buffer for BLAS. ``dense_gemm``: NumPy's BLAS.
 - fused ``rmsnorm``, ``add_rmsnorm``, ``silu_mul``, ``attention_decode`` (float32 caches), and the
   composites ``linear``, ``qkv_proj``, ``logits`` (direct dispatch), ``gate_up_silu`` and
   ``linear_add_rmsnorm`` (one kernel each for n <= SMALL_N on int4 weights).
 
-Per-weight layouts (the blocked codes, float32 scales, the int8 copy) are built once, at a weight's first
-use, and kept on the weight handle as the attribute ``_numba_cpu``; nothing is re-laid-out per token.
+Per-weight layouts of int4 weights (the blocked codes, float32 scales) are built once, at a weight's first use,
+and kept on the weight handle as the attribute ``_numba_cpu``; nothing is re-laid-out per token. Int8 weights
+need none.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import numpy as np
 from perfx_core.errors import InvalidArgumentError
 from perfx_core.hookspecs import hookimpl
 from perfx_core.ops import generic_gate_up_silu
-from perfx_core.weights import DenseWeight, Int4Weight
+from perfx_core.weights import Int4Weight
 
 from . import compile_notice  # noqa: F401  (announces a first compile)
 from . import kernels as K
@@ -46,7 +47,11 @@ BATCH_N = 32
 # tile (1 MiB) made a 256-token gate_up 6x slower than one call on the whole dequantized matrix (thread
 # hand-offs between numba's pool and OpenBLAS's, and strided output), so tiles are only for huge matrices.
 TILE_BYTES = 64 << 20
-INT8_MAX_N = 8  # the int8 dense path is a GEMV kernel; larger n is BLAS's job
+INT8_MAX_N = 8  # the int8 GEMV kernel's rows of x; larger n is BLAS's job
+# float32 bytes of the block of an int8 weight dequantized per BLAS call (n > INT8_MAX_N): bounded memory, and
+# large enough that a whole layer matrix of a small model is one call (see TILE_BYTES)
+INT8_TILE_BYTES = 16 << 20
+F16 = K.f16_table()
 ATTR = "_numba_cpu"
 # Serial or parallel. On the idle 2-core VM the parallel GEMV kernels make decode 1.5x faster (99 against
 # 65 tok/s), but when other processes keep the cores busy a parallel region waits for a worker thread the
@@ -135,14 +140,6 @@ class _Int4Layout:
         self.bias_rows = np.ascontiguousarray(weight.bias, dtype=np.float32)
 
 
-class _DenseLayout:
-    __slots__ = ("q", "d")
-
-    def __init__(self, q, d):
-        self.q = q
-        self.d = d
-
-
 def _int4_layout(rt, w) -> _Int4Layout:
     layout = w.__dict__.get(ATTR)
     if layout is None:
@@ -154,29 +151,6 @@ def _int4_layout(rt, w) -> _Int4Layout:
         if track is not None:
             for array in (layout.codes, layout.scales, layout.biases, layout.scale_rows):
                 track(array)
-        setattr(w, ATTR, layout)
-    return layout
-
-
-def _dense_layout(rt, w) -> _DenseLayout | None:
-    """The exact int8 copy of a float32 dense weight, or None when it is not int8 * block scale."""
-    layout = w.__dict__.get(ATTR, 0)
-    if layout == 0:
-        layout = None
-        weight = w.weight
-        if isinstance(weight, DenseWeight) and weight.data.dtype == np.float32 and weight.data.shape[1] % 32 == 0:
-            data = np.ascontiguousarray(weight.data)
-            m, k = data.shape
-            q = np.empty((m, k), dtype=np.int8)
-            d = np.empty((m, k // 32), dtype=np.float32)
-            bad = np.zeros(m, dtype=np.uint8)
-            K.float32_to_int8_exact(data, 32, q, d, bad)
-            if not bad.any():
-                layout = _DenseLayout(q, d)
-                track = getattr(rt, "track", None)
-                if track is not None:
-                    track(q)
-                    track(d)
         setattr(w, ATTR, layout)
     return layout
 
@@ -245,17 +219,34 @@ def int4_gemm(rt, x, w, out) -> None:
 
 
 def dense_gemm(rt, x, w, out) -> None:
-    if x.shape[0] <= INT8_MAX_N:
-        layout = _dense_layout(rt, w)
-        if layout is not None:
-            _run(K.int8_matvec, K.int8_matvec_serial, x.shape[0] * layout.q.size, layout.q, layout.d, _f32(x), out)
-            return
     _matmul(x, w.float32().T, out)
 
 
+def int8_gemm(rt, x, w, out) -> None:
+    weight = w.weight
+    x = _f32(x)
+    n = x.shape[0]
+    bits = weight.scale.view(np.int16)  # numba has no float16: the kernels look the bits up in F16
+    if n <= INT8_MAX_N:
+        _run(K.int8_matvec, K.int8_matvec_serial, n * weight.codes.size, weight.codes, bits, F16, x, out)
+        return
+    m, k = weight.shape
+    rows = max(1, min(m, INT8_TILE_BYTES // (4 * k)))
+    tile = rt.scratch("numba_cpu.int8_tile", (rows, k))
+    dequantize = K.int8_dequantize if PARALLEL_MODE == "always" else K.int8_dequantize_serial
+    for r0 in range(0, m, rows):
+        r1 = min(m, r0 + rows)
+        block = tile[: r1 - r0]
+        dequantize(weight.codes[r0:r1], bits[r0:r1], F16, block)
+        _matmul(x, block.T, out[:, r0:r1])
+
+
 def linear(rt, x, w, out) -> None:
-    if w.kind == "int4":
+    kind = w.kind
+    if kind == "int4":
         _int4_matmul(rt, x, w, out)
+    elif kind == "int8":
+        int8_gemm(rt, x, w, out)
     else:
         dense_gemm(rt, x, w, out)
 
@@ -346,6 +337,7 @@ OPS = {
     "int4_gemv": int4_gemv,
     "int4_gemm": int4_gemm,
     "dense_gemm": dense_gemm,
+    "int8_gemm": int8_gemm,
     "rmsnorm": rmsnorm,
     "add_rmsnorm": add_rmsnorm,
     "silu_mul": silu_mul,

@@ -215,51 +215,26 @@ def int4_dequantize(packed, scale, bias, dst):
                 drow[2 * i + 1] = hi * s + b
 
 
-# -- int8 (an exact re-layout of Q8_0-origin float32 weights) ---------------------------------------------
-@njit(parallel=True, cache=True, nogil=True)
-def float32_to_int8_exact(w, block, q, d, bad):
-    """Find q int8 (m, k) and d float32 (m, k/block) with q * d == w exactly; bad[r] = 1 where row r fails.
-
-    Weights loaded from GGUF Q8_0 are q * d16 in float32 with max|q| = 127 per block, so amax / 127 gives
-    d back exactly and w / d the codes. Any other weight fails the check (and stays on BLAS).
-    """
-    m, k = w.shape
-    nb = k // block
-    for r in prange(m):
-        row_bad = 0
-        for b in range(nb):
-            amax = F32(0.0)
-            for i in range(b * block, (b + 1) * block):
-                a = abs(w[r, i])
-                if a > amax:
-                    amax = a
-            dd = amax / F32(127.0)
-            d[r, b] = dd
-            for i in range(b * block, (b + 1) * block):
-                if dd == 0:
-                    q[r, i] = 0
-                    if w[r, i] != 0:
-                        row_bad = 1
-                else:
-                    v = np.round(w[r, i] / dd)
-                    if v > 127 or v < -127 or F32(v) * dd != w[r, i]:
-                        row_bad = 1
-                        q[r, i] = 0
-                    else:
-                        q[r, i] = np.int8(v)
-        bad[r] = row_bad
+# -- int8: codes with a float16 scale per group (perfx_core.weights.Int8Weight, GGUF Q8_0 / Q5_0) -----------
+def f16_table():
+    """float32 value of every float16 bit pattern, by the pattern read as uint16 (256 KiB). numba has no float16,
+    so the kernels take a weight's scales as their bits viewed as int16 and look them up here, exactly, once per
+    group: a negative index wraps around to the same pattern read as uint16 (indexing by uint16 ran 10% slower
+    here, numba widening it on every lookup)."""
+    return np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 
 
 @njit(parallel=True, fastmath=FM, cache=True, nogil=True)
-def int8_matvec(q, d, x, out):
-    """out (n, m) = x (n, k) @ (q * d).T with one float32 scale per block of k / d.shape[1] columns."""
+def int8_matvec(q, scale_bits, f16, x, out):
+    """out (n, m) = x (n, k) @ W.T, W[r, c] = q[r, c] * f16[scale_bits[r, c // group]] (group = k / groups),
+    scale_bits the float16 scales viewed as int16."""
     m, k = q.shape
-    nb = d.shape[1]
+    nb = scale_bits.shape[1]
     block = k // nb
     n = x.shape[0]
     for r in prange(m):
         qrow = q[r]
-        drow = d[r]
+        srow = scale_bits[r]
         for j in range(n):
             xj = x[j]
             acc = F32(0.0)
@@ -268,8 +243,24 @@ def int8_matvec(q, d, x, out):
                 s = F32(0.0)
                 for i in range(block):
                     s += F32(qrow[base + i]) * xj[base + i]
-                acc += drow[b] * s
+                acc += f16[srow[b]] * s
             out[j, r] = acc
+
+
+@njit(parallel=True, fastmath=FM, cache=True, nogil=True)
+def int8_dequantize(q, scale_bits, f16, dst):
+    """dst (rows, k) float32 = W[:rows] of int8_matvec's weight, for BLAS on a batch."""
+    rows, k = dst.shape
+    nb = scale_bits.shape[1]
+    block = k // nb
+    for r in prange(rows):
+        qrow = q[r]
+        srow = scale_bits[r]
+        drow = dst[r]
+        for b in range(nb):
+            s = f16[srow[b]]
+            for i in range(b * block, (b + 1) * block):
+                drow[i] = F32(qrow[i]) * s
 
 
 # -- norms and activation ---------------------------------------------------------------------------------
@@ -471,6 +462,7 @@ int4_matvec_serial = _serial_twin(int4_matvec, "int4_matvec_serial")
 int4_gate_up_silu_serial = _serial_twin(int4_gate_up_silu, "int4_gate_up_silu_serial")
 int4_matvec_add_rmsnorm_serial = _serial_twin(int4_matvec_add_rmsnorm, "int4_matvec_add_rmsnorm_serial")
 int8_matvec_serial = _serial_twin(int8_matvec, "int8_matvec_serial")
+int8_dequantize_serial = _serial_twin(int8_dequantize, "int8_dequantize_serial")
 silu_mul_serial = _serial_twin(silu_mul, "silu_mul_serial")
 int4_dequantize_serial = _serial_twin(int4_dequantize, "int4_dequantize_serial")
 attention_decode_serial = _serial_twin(attention_decode, "attention_decode_serial")

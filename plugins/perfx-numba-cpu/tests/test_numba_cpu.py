@@ -9,7 +9,7 @@ import pytest
 
 from perfx_core.plugins import get_registry
 from perfx_core.testing import assert_backend_conforms, isolated_plugins
-from perfx_core.weights import DenseWeight, Int4Weight
+from perfx_core.weights import Int4Weight, Int8Weight, dequantize
 
 PLUGIN = "numba-cpu"
 INSTALLED = any(ep.name == PLUGIN for ep in importlib.metadata.entry_points(group="perfx"))
@@ -22,6 +22,7 @@ REPLACED = (
     "int4_gemv",
     "int4_gemm",
     "dense_gemm",
+    "int8_gemm",
     "rmsnorm",
     "add_rmsnorm",
     "silu_mul",
@@ -140,25 +141,32 @@ def test_attention_parts_agree(kernel):
         np.testing.assert_allclose(out, results[0][2], rtol=1e-5, atol=1e-6)
 
 
-def test_dense_gemv_int8_relayout_is_exact(plugin_env):
-    """A float32 weight that is Q8_0 (int8 * float16 scale per 32 columns) runs the int8 kernel; others BLAS."""
+@pytest.mark.parametrize("mode", ["never", "always"])
+def test_int8_gemm_runs_on_the_weights_own_arrays(plugin_env, monkeypatch, mode):
+    """An int8 weight (GGUF Q8_0 / Q5_0) is multiplied as it is: the GEMV kernel up to INT8_MAX_N rows, blocks of
+    rows dequantized for BLAS beyond (several blocks here); no float copy, no layout, nothing held but its codes
+    and scales."""
+    import perfx_numba_cpu
+
+    monkeypatch.setattr(perfx_numba_cpu, "PARALLEL_MODE", mode)
+    monkeypatch.setattr(perfx_numba_cpu, "INT8_TILE_BYTES", 100 * 96 * 4)  # 100 rows a block: 4 blocks
     rng = np.random.default_rng(1)
-    m, k = 300, 96
-    q = rng.integers(-127, 128, (m, k)).astype(np.int8)
-    q[:, ::32] = 127
-    d = rng.uniform(1e-3, 1e-2, (m, k // 32)).astype(np.float16).astype(np.float32)
-    data = (q.astype(np.float32).reshape(m, -1, 32) * d[:, :, None]).reshape(m, k)
+    m, k = 333, 96
+    weight = Int8Weight(
+        rng.integers(-128, 128, (m, k), dtype=np.int8), rng.uniform(-0.02, 0.02, (m, k // 32)).astype(np.float16)
+    )
     rt = get_registry(refresh=True).open_runtime("numpy")
-    q8 = rt.prepare_weight(DenseWeight(data))
-    other = rt.prepare_weight(DenseWeight(rng.standard_normal((m, k)).astype(np.float32)))
-    for n in (1, 3, 9):
+    assert "int8" in rt.weight_formats
+    w = rt.prepare_weight(weight)
+    values = dequantize(weight, np.float64)
+    for n in (1, 3, 8, 9, 40):
         x = rng.standard_normal((n, k)).astype(np.float32)
-        for w in (q8, other):
-            out = np.empty((n, m), dtype=np.float32)
-            rt.ops.dense_gemm(x, w, out)
-            np.testing.assert_allclose(out, x @ w.weight.data.T, rtol=1e-4, atol=1e-4)
-    assert q8._numba_cpu is not None and other._numba_cpu is None
-    np.testing.assert_array_equal(q8._numba_cpu.q.astype(np.float32) * np.repeat(q8._numba_cpu.d, 32, axis=1), data)
+        for op in ("int8_gemm", "linear", "logits"):
+            out = np.full((n, m), np.nan, dtype=np.float32)
+            getattr(rt.ops, op)(x, w, out)
+            np.testing.assert_allclose(out, x @ values.T, rtol=1e-4, atol=1e-4, err_msg=f"{op} n={n}")
+    assert w._float32 is None and perfx_numba_cpu.ATTR not in w.__dict__
+    assert rt.weight_bytes(w) == weight.codes.nbytes + weight.scale.nbytes == m * k * 17 // 16
 
 
 def _model_logits(prompt, decoded):
