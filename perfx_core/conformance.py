@@ -250,7 +250,12 @@ def _int4(rng: np.random.Generator, m: int, k: int, group: int, how: str) -> Int
 
 def _int8(rng: np.random.Generator, m: int, k: int, group: int, how: str) -> Int8Weight:
     """An int8 weight the way GGUF Q8_0 makes one ("q8_0": scale = max |w| / 127 per group, in float16), with
-    Q5_0's codes -16..15 ("q5_0"), or with random codes and scales of either sign ("random")."""
+    Q5_0's codes -16..15 ("q5_0"), as Q6_K's ("q6_k": codes -32..31, float32 scales that are a float16 times an
+    int8), or with random codes and scales of either sign ("random")."""
+    if how == "q6_k":
+        codes = rng.integers(-32, 32, (m, k), dtype=np.int8)
+        d = rng.uniform(1e-4, 2e-3, (m, 1)).astype(np.float16).astype(np.float32)
+        return Int8Weight(codes, d * rng.integers(-128, 128, (m, k // group)).astype(np.float32), group)
     if how == "random":
         codes = rng.integers(-128, 128, (m, k), dtype=np.int8)
         return Int8Weight(codes, rng.uniform(-0.05, 0.05, (m, k // group)).astype(np.float16), group)
@@ -754,12 +759,16 @@ def _format_cases(op: str) -> list[tuple[str, tuple[str, float, Body]]]:
             _matmul_case(op, 9, ("int8", 129, 640, 32, "q8_0")),  # around a GEMV kernel's largest n
             _matmul_case(op, 17, ("int8", 8200, 512, 32, "random")),  # several 16 MiB float32 blocks
             _matmul_case(op, 64, ("int8", 1536, 96, 32, "q8_0")),
+            _matmul_case(op, 1, ("int8", 257, 512, 16, "q6_k")),
+            _matmul_case(op, 3, ("int8", 65, 256, 16, "q6_k")),
+            _matmul_case(op, 17, ("int8", 130, 256, 16, "q6_k")),
         ]
     elif op == "embedding":
         cases = [
             _embedding_case(1, ("int8", 1001, 96, 32, "q8_0")),
             _embedding_case(17, ("int8", 4097, 640, 32, "q5_0")),
             _embedding_case(64, ("int8", 300, 128, 64, "random")),
+            _embedding_case(5, ("int8", 300, 256, 16, "q6_k")),
         ]
     elif op in ("linear", "logits"):
         m = 4097 if op == "logits" else 129

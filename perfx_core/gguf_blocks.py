@@ -58,7 +58,7 @@ def convert_rows(
     return outputs
 
 
-# -- int8 types: codes times a float16 scale per block of 32 ---------------------------------------------
+# -- int8 types: codes times a scale per block of 32 (Q8_0, Q5_0; float16) or 16 (Q6_K; float32) -------------
 
 
 def q8_0_decode(blocks: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -84,6 +84,28 @@ def q5_0_decode(blocks: np.ndarray) -> tuple[np.ndarray, ...]:
     codes = bits.view(np.int8)
     codes -= 16  # 0..31 -> -16..15, in place (no wrap: the stored value is below 32)
     return codes.reshape(rows, -1), d
+
+
+_Q6_K_SHIFTS_LOW = np.array([0, 4], np.uint8).reshape(2, 1)
+_Q6_K_SHIFTS_HIGH = np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)
+
+
+def q6_k_decode(blocks: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Q6_K super-blocks of 256 (128 bytes of low nibbles, 64 of high bit pairs, 16 int8 sub-scales, d float16)
+    -> (codes int8 in -32..31, scale float32 per 16: d times its sub-scale, exact in float32).
+
+    Each half of 128 elements: element 64 * n + i is nibble n (low, high) of low byte i and element 32 * p + i
+    holds bit pair p of high byte i; the code is ``(low | high << 4) - 32``."""
+    rows = blocks.shape[0]
+    b = blocks.reshape(rows, -1, 210)
+    nb = b.shape[1]
+    low = (b[:, :, :128].reshape(rows, nb, 2, 1, 64) >> _Q6_K_SHIFTS_LOW) & 0x0F
+    high = (b[:, :, 128:192].reshape(rows, nb, 2, 1, 32) >> _Q6_K_SHIFTS_HIGH) & 0x03
+    codes = (low.reshape(rows, nb, 256) | (high.reshape(rows, nb, 256) << 4)).view(np.int8)
+    codes -= 32  # 0..63 -> -32..31, in place
+    sub = b[:, :, 192:208].view(np.int8).astype(np.float32)
+    d = np.ascontiguousarray(b[:, :, 208:210]).view(np.float16).astype(np.float32)
+    return codes.reshape(rows, nb * 256), (d * sub).reshape(rows, nb * 16)
 
 
 # -- float types ------------------------------------------------------------------------------------------

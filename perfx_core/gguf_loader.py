@@ -2,8 +2,9 @@
 
 Tensor types map onto perfx's formats without extra loss where one exists: F32/F16 stay dense, BF16 widens
 exactly to float32, Q8_0 and Q5_0 become int8 group-32 weights bit for bit (codes and float16 scales as stored),
-Q4_0/Q4_1 int4 group-32 weights bit for bit and Q4_K int4 group 32 with its codes as stored. Other types (Q5_1,
-Q5_K, Q6_K, IQ types) widen to float16, with a warning. llama.cpp's converter
+Q6_K int8 group-16 weights exactly (its codes, and d times each sub-scale in float32), Q4_0/Q4_1 int4 group-32
+weights bit for bit and Q4_K int4 group 32 with its codes as stored. Other types (Q5_1, Q5_K, Q2_K, Q3_K, IQ
+types) widen to float16, with a warning. llama.cpp's converter
 reorders the rows of attn_q/attn_k for its interleaved RoPE; perfx uses rotate-half RoPE, so that reordering is
 undone here, while converting (gguf_blocks.py does the block decoding).
 """
@@ -27,7 +28,7 @@ from .architectures.base import OPTIONAL_TENSORS, expected_shapes, optional_tens
 from .config import ConfigCheck, LayerWeights, LlamaConfig, LlamaWeights, RopeScaling, config_from_values, show
 from .errors import ModelFormatError
 from .formats.safetensors_io import bf16_to_f32
-from .gguf_blocks import convert_rows, dequantize_f16, q4_decoder, q4_k_decode, q5_0_decode, q8_0_decode
+from .gguf_blocks import convert_rows, dequantize_f16, q4_decoder, q4_k_decode, q5_0_decode, q6_k_decode, q8_0_decode
 from .gguf_file import GGUFFile, TensorInfo, read_gguf
 from .weights import BlockWeight, DenseWeight, Int4Weight, Int8Weight, Weight, take_rows
 
@@ -484,9 +485,9 @@ class TensorLoader:
                 return BlockWeight((blocks,), t.name.lower(), cols, as_int4)
             return as_int4()
         if t in _INT8_DECODERS:
-            decode, dense_dtype = _INT8_DECODERS[t]
-            out = (np.empty(shape, np.int8), np.empty((rows, cols // 32), np.float16))
-            return Int8Weight(*convert_rows(raw, cols, out, decode, order), 32, dense_dtype)
+            decode, group, scale_dtype, dense_dtype = _INT8_DECODERS[t]
+            out = (np.empty(shape, np.int8), np.empty((rows, cols // group), scale_dtype))
+            return Int8Weight(*convert_rows(raw, cols, out, decode, order), group, dense_dtype)
         if t == GGMLQuantizationType.BF16:
             (data,) = convert_rows(raw, cols, (np.empty(shape, np.float32),), lambda bits: (bf16_to_f32(bits),), order)
             return DenseWeight(data)
@@ -524,10 +525,12 @@ _INT4_DECODERS = {
     GGMLQuantizationType.Q4_1: q4_decoder(GGMLQuantizationType.Q4_1),
     GGMLQuantizationType.Q4_K: q4_k_decode,
 }
-# type -> (decoder, Int8Weight.dense_dtype: Q8_0 exact in float32; Q5_0 in float16, rounded, at 2 bytes per weight)
+# type -> (decoder, group, scale dtype, Int8Weight.dense_dtype: what a runtime without int8 gets; Q8_0 exact in
+# float32, Q5_0 and Q6_K in float16, rounded, at 2 bytes per weight)
 _INT8_DECODERS = {
-    GGMLQuantizationType.Q8_0: (q8_0_decode, "float32"),
-    GGMLQuantizationType.Q5_0: (q5_0_decode, "float16"),
+    GGMLQuantizationType.Q8_0: (q8_0_decode, 32, np.float16, "float32"),
+    GGMLQuantizationType.Q5_0: (q5_0_decode, 32, np.float16, "float16"),
+    GGMLQuantizationType.Q6_K: (q6_k_decode, 16, np.float32, "float16"),
 }
 
 

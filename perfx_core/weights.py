@@ -7,8 +7,10 @@ them on its device):
   columns. Dequantized value: ``w[r, c] = q[r, c] * scale[r, c // g] + bias[r, c // g]``.
   AWQ's ``(q - zero) * scale`` is the same thing with ``bias = -zero * scale``; GGUF Q4_0 is
   ``bias = -8 * d`` and Q4_1 is ``bias = m``. The bias is float32 so all three are stored exactly.
-- ``Int8Weight``: int8 codes with one float16 scale per group: ``w[r, c] = q[r, c] * scale[r, c // g]``.
-  GGUF Q8_0 (``d * q``, 32 per block) is this format bit for bit, and so is Q5_0 (``q`` in -16..15). Only
+- ``Int8Weight``: int8 codes with one scale per group: ``w[r, c] = q[r, c] * scale[r, c // g]``.
+  GGUF Q8_0 (``d * q``, 32 per block) is this format bit for bit with float16 scales, and so is Q5_0 (``q`` in
+  -16..15); Q6_K (``q`` in -32..31 per 16, scaled by a float16 ``d`` times an int8 sub-scale) exactly with
+  float32 scales, which hold every such product. Only
   runtimes that list "int8" in ``Runtime.weight_formats`` get it; ``for_runtime`` widens it for the others.
 - ``DenseWeight``: float32 or float16 values (GGUF F32/F16/BF16 land here without loss).
 
@@ -25,6 +27,7 @@ import numpy as np
 from .errors import InvalidArgumentError
 
 SUPPORTED_GROUP_SIZES = (32, 64, 128)
+INT8_GROUP_SIZES = (16, *SUPPORTED_GROUP_SIZES)  # 16: Q6_K's sub-blocks
 
 
 @dataclass(frozen=True)
@@ -60,19 +63,19 @@ class Int4Weight:
 @dataclass(frozen=True)
 class Int8Weight:
     codes: np.ndarray  # int8 (rows, cols)
-    scale: np.ndarray  # float16 (rows, cols // group_size)
+    scale: np.ndarray  # float16 or float32 (rows, cols // group_size)
     group_size: int = 32
     # What a runtime without int8 ops gets instead (for_runtime): float32 holds every q * scale exactly;
     # "float16" takes half that memory at float16 rounding (GGUF Q5_0, like the types perfx has no kernels for).
     dense_dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        if self.codes.ndim != 2 or self.codes.dtype != np.int8 or self.scale.dtype != np.float16:
-            raise InvalidArgumentError("Int8Weight wants 2-D codes int8 and scale float16")
+        if self.codes.ndim != 2 or self.codes.dtype != np.int8 or self.scale.dtype not in (np.float16, np.float32):
+            raise InvalidArgumentError("Int8Weight wants 2-D codes int8 and scale float16 or float32")
         rows, cols = self.codes.shape
-        if self.group_size not in SUPPORTED_GROUP_SIZES or cols % self.group_size:
+        if self.group_size not in INT8_GROUP_SIZES or cols % self.group_size:
             raise InvalidArgumentError(
-                f"group size {self.group_size} must be one of {SUPPORTED_GROUP_SIZES} and divide {cols} columns"
+                f"group size {self.group_size} must be one of {INT8_GROUP_SIZES} and divide {cols} columns"
             )
         if self.scale.shape != (rows, cols // self.group_size):
             raise InvalidArgumentError(
@@ -225,7 +228,7 @@ def quantize_rtn(w: np.ndarray, group_size: int = 128) -> Int4Weight:
 def concat_rows(weights: list[Weight]) -> Weight:
     """Stack weights along the output dimension (used for fused QKV and gate|up).
 
-    Int4 or int8 weights with one group size stay in their format; int8 ones mixed with dense ones become
+    Int4 weights with one group size stay int4, int8 weights int8; int8 ones mixed with dense ones become
     dense in their ``dense_dtype``; any other mix becomes float32 (exact, more memory).
     """
     if all(isinstance(w, BlockWeight) for w in weights) and len({(w.block_format, w.cols) for w in weights}) == 1:  # type: ignore[union-attr]
@@ -234,11 +237,14 @@ def concat_rows(weights: list[Weight]) -> Weight:
             parts, weights[0].block_format, weights[0].cols, lambda: concat_rows([w.as_int4() for w in weights])
         )  # type: ignore[union-attr]
     weights = [w.as_int4() if isinstance(w, BlockWeight) else w for w in weights]
-    if all(isinstance(w, Int8Weight) for w in weights) and len({w.group_size for w in weights}) == 1:  # type: ignore[union-attr]
+    if all(isinstance(w, Int8Weight) for w in weights):
+        # At the smallest group (a scale repeated over its smaller groups is the same weight), float32 scales
+        # if any part has them (float16 ones widen exactly).
+        group = min(w.group_size for w in weights)  # type: ignore[union-attr]
         return Int8Weight(
             np.concatenate([w.codes for w in weights]),  # type: ignore[union-attr]
-            np.concatenate([w.scale for w in weights]),  # type: ignore[union-attr]
-            weights[0].group_size,  # type: ignore[union-attr]
+            np.concatenate([np.repeat(w.scale, w.group_size // group, axis=1) for w in weights]),  # type: ignore[union-attr]
+            group,
             "float16" if all(w.dense_dtype == "float16" for w in weights) else "float32",  # type: ignore[union-attr]
         )
     if any(isinstance(w, DenseWeight) for w in weights):

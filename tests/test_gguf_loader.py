@@ -56,7 +56,7 @@ def as_floats(w: object) -> np.ndarray:
 
 
 def tiny_kwargs(tensor_type: str) -> dict:
-    return {"dim": 256, "ffn_dim": 512} if tensor_type == "Q4_K" else {}
+    return {"dim": 256, "ffn_dim": 512} if tensor_type in ("Q4_K", "Q6_K") else {}  # whole 256-blocks
 
 
 # -- the q/k permutation ------------------------------------------------------------------------------------
@@ -109,10 +109,11 @@ def test_lossless_types_load_exactly(tmp_path: Path, tensor_type: str, tied: boo
     assert all(isinstance(v, np.ndarray) and v.dtype == np.float32 for v in (weights.norm, weights.layers[1].ffn_norm))
 
 
-@pytest.mark.parametrize("tensor_type", LOSSLESS)
+@pytest.mark.parametrize("tensor_type", [*LOSSLESS, "Q6_K"])
 def test_matches_gguf_dequantize_of_stored_bytes(tmp_path: Path, tensor_type: str):
     """Independent of the writer's bookkeeping: compare with gguf.quants.dequantize of the file's own bytes."""
-    model = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type=tensor_type, tied=False, seed=1)
+    path = tmp_path / "m.gguf"
+    model = write_tiny_llama_gguf(path, tensor_type=tensor_type, tied=False, seed=1, **tiny_kwargs(tensor_type))
     config, weights, gf = load_llama_gguf(model.path)
     for name, loaded in loaded_tensors(weights).items():
         info = gf.tensors[name]
@@ -196,6 +197,24 @@ def test_q4_k_loads_as_int4_with_its_own_codes(tmp_path: Path):
         assert isinstance(w, Int4Weight) and w.group_size == 32, name
         nmse = float(((dequantize(w) - want) ** 2).mean() / (want**2).mean())
         assert nmse < 1e-6, (name, nmse)
+
+
+def test_q6_k_loads_exactly_as_int8_group_16(tmp_path: Path):
+    """Q6_K is int8 codes -32..31 per 16 values times d * sub-scale: it loads as an Int8Weight with those codes
+    and float32 scales, without a warning, and equal to the file's values (un-permuted rows included)."""
+    import warnings
+
+    model = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type="Q6_K", tied=False, **tiny_kwargs("Q6_K"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, weights, _ = load_llama_gguf(model.path)
+    assert weights.notes == []
+    for name, w in loaded_tensors(weights).items():
+        if isinstance(w, np.ndarray):
+            continue  # the norm vectors
+        assert isinstance(w, Int8Weight) and w.group_size == 16 and w.scale.dtype == np.float32, name
+        assert w.codes.min() >= -32 and w.codes.max() <= 31, name
+        assert w.nbytes == w.codes.size * 1.25, name  # one byte per code, four per 16 codes' scale
 
 
 def test_q4_k_unpermutes_q_and_k(tmp_path: Path):
@@ -344,4 +363,4 @@ def test_smollm2_tokenizer_metadata(smollm2_loaded):
 
 
 def test_all_tensor_types_covered():
-    assert set(LOSSLESS) | {"Q4_K"} == set(TENSOR_TYPES)
+    assert set(LOSSLESS) | {"Q4_K", "Q6_K"} == set(TENSOR_TYPES)

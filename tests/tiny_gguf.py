@@ -22,7 +22,7 @@ from gguf import GGMLQuantizationType, GGUFValueType
 
 from perfx_core.tokenizer_bpe import bytes_to_unicode  # the table a GPT-2 vocabulary is written in
 
-TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q5_0", "Q4_0", "Q4_1", "Q4_K")
+TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q5_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # unk, bos, eos (as in SmolLM2)
 # A few byte-level BPE merges; each part exists before its merge, so the vocabulary is self-consistent.
 MERGES = (
@@ -189,7 +189,7 @@ def write_tiny_llama_gguf(
     def matrix(name: str, rows: int, cols: int, permute_heads: int = 0) -> None:
         w = (rng.standard_normal((rows, cols)) / math.sqrt(cols)).astype(np.float32)
         stored, raw_type, expected = _store(w, tensor_type, rng)
-        model.intended[name] = w if tensor_type != "Q4_K" else expected
+        model.intended[name] = w if tensor_type not in RANDOM_BLOCK_TYPES else expected
         model.expected[name] = expected
         if permute_heads:
             stored = permute_hf_to_gguf(stored, permute_heads)
@@ -235,8 +235,8 @@ def _store(w: np.ndarray, tensor_type: str, rng: np.random.Generator) -> tuple[n
         h = w.astype(np.float16)
         return h, None, h.astype(np.float32)
     qtype = GGMLQuantizationType[tensor_type]
-    if tensor_type == "Q4_K":
-        raw = _random_q4_k_blocks(w.shape[0], w.shape[1], rng)
+    if tensor_type in RANDOM_BLOCK_TYPES:
+        raw = RANDOM_BLOCK_TYPES[tensor_type](w.shape[0], w.shape[1], rng)
     else:
         raw = gguf.quants.quantize(w, qtype)  # BF16, Q8_0, Q5_0, Q4_0, Q4_1: the same code llama.cpp's converter uses
     return raw, qtype, gguf.quants.dequantize(raw, qtype)
@@ -250,6 +250,18 @@ def _random_q4_k_blocks(rows: int, cols: int, rng: np.random.Generator) -> np.nd
     scales = rng.integers(0, 256, (n_blocks, 12), dtype=np.uint8)
     qs = rng.integers(0, 256, (n_blocks, 128), dtype=np.uint8)
     return np.concatenate([d, dmin, scales, qs], axis=1).reshape(rows, cols // 256 * 144)
+
+
+def _random_q6_k_blocks(rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """Valid Q6_K rows: per 256-block 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 sub-scales, fp16 d."""
+    n_blocks = rows * cols // 256
+    bits = rng.integers(0, 256, (n_blocks, 192 + 16), dtype=np.uint8)
+    d = (rng.uniform(0.5, 1.5, (n_blocks, 1)) * 1e-4).astype(np.float16).view(np.uint8)
+    return np.concatenate([bits, d], axis=1).reshape(rows, cols // 256 * 210)
+
+
+# K-quant types gguf cannot quantize: random valid blocks instead of the matrix (what they decode to is "intended")
+RANDOM_BLOCK_TYPES = {"Q4_K": _random_q4_k_blocks, "Q6_K": _random_q6_k_blocks}
 
 
 def _typed(value: Any) -> tuple:

@@ -8,10 +8,12 @@
   prompt), else (batched decode) BLAS on the NumPy backend's cached float copy.
 - ``int4_gemm`` with larger n (prefill): W dequantized into a reused float32 scratch buffer (in tiles only
   for huge matrices), then one BLAS call.
-- ``int8_gemm`` (int8 codes, a float16 scale per group: GGUF Q8_0 and Q5_0, e.g. SmolLM2's tied embedding/output)
-  with n <= INT8_MAX_N: a GEMV kernel on the weight's own arrays (no copy), 4x less memory traffic than a float32
-  sgemv; larger n: blocks of rows dequantized into one reused buffer for BLAS. ``dense_gemm``: NumPy's BLAS.
-- fused ``rmsnorm``, ``add_rmsnorm``, ``silu_mul``, ``attention_decode`` (float32 caches), and the
+- ``int8_gemm`` (int8 codes, a scale per group: GGUF Q8_0 and Q5_0 in float16, e.g. SmolLM2's tied
+  embedding/output, Q6_K in float32) with n <= INT8_MAX_N: a GEMV kernel on the weight's own arrays (no copy),
+  4x less memory traffic than a float32 sgemv; larger n: blocks of rows dequantized into one reused buffer for
+  BLAS. ``dense_gemm``: NumPy's BLAS.
+- fused ``rmsnorm``, ``add_rmsnorm``, ``silu_mul``, ``attention_decode`` (float32 caches; windows, soft-capping
+  and custom scales included), and the
   composites ``linear``, ``qkv_proj``, ``logits`` (direct dispatch), ``gate_up_silu`` and
   ``linear_add_rmsnorm`` (one kernel each for n <= SMALL_N on int4 weights).
 
@@ -226,18 +228,24 @@ def int8_gemm(rt, x, w, out) -> None:
     weight = w.weight
     x = _f32(x)
     n = x.shape[0]
-    bits = weight.scale.view(np.int16)  # numba has no float16: the kernels look the bits up in F16
+    if weight.scale.dtype == np.float16:
+        scales = weight.scale.view(np.int16)  # numba has no float16: the kernels look the bits up in F16
+        matvec, matvec_serial = K.int8_matvec, K.int8_matvec_serial
+        dequantize = K.int8_dequantize if PARALLEL_MODE == "always" else K.int8_dequantize_serial
+    else:  # float32 scales (Q6_K)
+        scales = weight.scale
+        matvec, matvec_serial = K.int8_matvec_f32, K.int8_matvec_f32_serial
+        dequantize = K.int8_dequantize_f32 if PARALLEL_MODE == "always" else K.int8_dequantize_f32_serial
     if n <= INT8_MAX_N:
-        _run(K.int8_matvec, K.int8_matvec_serial, n * weight.codes.size, weight.codes, bits, F16, x, out)
+        _run(matvec, matvec_serial, n * weight.codes.size, weight.codes, scales, F16, x, out)
         return
     m, k = weight.shape
     rows = max(1, min(m, INT8_TILE_BYTES // (4 * k)))
     tile = rt.scratch("numba_cpu.int8_tile", (rows, k))
-    dequantize = K.int8_dequantize if PARALLEL_MODE == "always" else K.int8_dequantize_serial
     for r0 in range(0, m, rows):
         r1 = min(m, r0 + rows)
         block = tile[: r1 - r0]
-        dequantize(weight.codes[r0:r1], bits[r0:r1], F16, block)
+        dequantize(weight.codes[r0:r1], scales[r0:r1], F16, block)
         _matmul(x, block.T, out[:, r0:r1])
 
 
@@ -307,31 +315,31 @@ def silu_mul(rt, gate_up, out) -> None:
 
 
 def attention_decode(rt, qkv, cache, layer, slots, positions, rope, spec, out) -> None:
-    # float16 caches and the features of the families beyond Llama (windows, soft-capping, a custom scale):
-    # the NumPy backend's version.
-    if cache.k.dtype != np.float32 or qkv.dtype != np.float32 or spec.features:
+    # float16 caches: the NumPy backend's version.
+    if cache.k.dtype != np.float32 or qkv.dtype != np.float32:
         from perfx_numpy import ops as numpy_ops
 
         numpy_ops.attention_decode(rt, qkv, cache, layer, slots, positions, rope, spec, out)
         return
     args = (qkv, cache.k, cache.v, layer, slots, positions, rope.cos, rope.sin)
     args += (spec.n_heads, spec.n_kv_heads, spec.head_dim)
+    args_tail = (np.float32(spec.score_scale), spec.window or 0, np.float32(spec.softcap or 0.0), out)
     if len(slots) > SMALL_N:
         # This step's matmuls run in BLAS (see _int4_matmul): numba's pool, spinning after a parallel region,
         # would take the cores from BLAS's threads (a 16-sequence step measured 260 ms against 56 ms).
-        K.attention_decode_serial(*args, 1, out)
+        K.attention_decode_serial(*args, 1, *args_tail)
         return
     # max over a list: positions has at most SMALL_N rows here, and ndarray.max costs ~3 us (30 calls a step)
     work = len(slots) * spec.n_heads * (max(positions.tolist()) + 1) * spec.head_dim * 2
     if _parallel(work):
         # Split the positions into parts so that the (row, kv head, part) items are a multiple of the threads.
         threads = numba.get_num_threads()
-        K.attention_decode(*args, threads // math.gcd(threads, len(slots) * spec.n_kv_heads), out)
+        K.attention_decode(*args, threads // math.gcd(threads, len(slots) * spec.n_kv_heads), *args_tail)
     else:
-        K.attention_decode_serial(*args, 1, out)
+        K.attention_decode_serial(*args, 1, *args_tail)
 
 
-attention_decode.perfx_features = ("window", "softcap", "scale")  # by deferring to the NumPy backend
+attention_decode.perfx_features = ("window", "softcap", "scale")
 
 OPS = {
     "int4_gemv": int4_gemv,

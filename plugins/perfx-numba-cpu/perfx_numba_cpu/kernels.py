@@ -21,18 +21,20 @@ FM = {"reassoc", "contract", "arcp", "nsz", "afn"}
 F32 = np.float32
 
 
-def _serial_twin(dispatcher, name):
+def _serial_twin(dispatcher, name, parallel=False, **names):
     """A single-threaded compilation of a parallel kernel (prange runs as range), cached under its own name.
 
     On a machine shared with other work a parallel region waits for its slowest thread, which may not be
-    scheduled for milliseconds; small calls are faster and far steadier on one thread.
+    scheduled for milliseconds; small calls are faster and far steadier on one thread. ``names`` replace
+    globals the kernel calls (another compilation of the same loops: the int8 kernels' float32 scales).
     """
     fn = dispatcher.py_func
-    twin = types.FunctionType(fn.__code__, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+    scope = {**fn.__globals__, **names} if names else fn.__globals__
+    twin = types.FunctionType(fn.__code__, scope, name, fn.__defaults__, fn.__closure__)
     twin.__qualname__ = name
     twin.__module__ = fn.__module__
     twin.__doc__ = fn.__doc__
-    return njit(fastmath=FM, cache=True, nogil=True)(twin)
+    return njit(parallel=parallel, fastmath=FM, cache=True, nogil=True)(twin)
 
 
 # -- int4: packed nibbles, per-group float32 scale and bias ----------------------------------------------
@@ -215,7 +217,7 @@ def int4_dequantize(packed, scale, bias, dst):
                 drow[2 * i + 1] = hi * s + b
 
 
-# -- int8: codes with a float16 scale per group (perfx_core.weights.Int8Weight, GGUF Q8_0 / Q5_0) -----------
+# -- int8: codes with a scale per group (perfx_core.weights.Int8Weight, GGUF Q8_0 / Q5_0 / Q6_K) ------------
 def f16_table():
     """float32 value of every float16 bit pattern, by the pattern read as uint16 (256 KiB). numba has no float16,
     so the kernels take a weight's scales as their bits viewed as int16 and look them up here, exactly, once per
@@ -224,17 +226,28 @@ def f16_table():
     return np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 
 
+@njit(inline="always", cache=True, nogil=True)
+def _group_scale(scales, r, b, f16):
+    """Group b's scale of row r, from float16 bits (f16_table)."""
+    return f16[scales[r, b]]
+
+
+@njit(inline="always", cache=True, nogil=True)
+def _own_scale(scales, r, b, f16):
+    """Group b's scale of row r, stored as float32 (Q6_K's d * sub-scale): the *_f32 kernels' _group_scale."""
+    return scales[r, b]
+
+
 @njit(parallel=True, fastmath=FM, cache=True, nogil=True)
-def int8_matvec(q, scale_bits, f16, x, out):
-    """out (n, m) = x (n, k) @ W.T, W[r, c] = q[r, c] * f16[scale_bits[r, c // group]] (group = k / groups),
-    scale_bits the float16 scales viewed as int16."""
+def int8_matvec(q, scales, f16, x, out):
+    """out (n, m) = x (n, k) @ W.T, W[r, c] = q[r, c] * (row r's scale of group c // (k / groups)); ``scales``
+    are float16 bits viewed as int16 (looked up in ``f16``, f16_table), float32 in int8_matvec_f32."""
     m, k = q.shape
-    nb = scale_bits.shape[1]
+    nb = scales.shape[1]
     block = k // nb
     n = x.shape[0]
     for r in prange(m):
         qrow = q[r]
-        srow = scale_bits[r]
         for j in range(n):
             xj = x[j]
             acc = F32(0.0)
@@ -243,22 +256,21 @@ def int8_matvec(q, scale_bits, f16, x, out):
                 s = F32(0.0)
                 for i in range(block):
                     s += F32(qrow[base + i]) * xj[base + i]
-                acc += f16[srow[b]] * s
+                acc += _group_scale(scales, r, b, f16) * s
             out[j, r] = acc
 
 
 @njit(parallel=True, fastmath=FM, cache=True, nogil=True)
-def int8_dequantize(q, scale_bits, f16, dst):
+def int8_dequantize(q, scales, f16, dst):
     """dst (rows, k) float32 = W[:rows] of int8_matvec's weight, for BLAS on a batch."""
     rows, k = dst.shape
-    nb = scale_bits.shape[1]
+    nb = scales.shape[1]
     block = k // nb
     for r in prange(rows):
         qrow = q[r]
-        srow = scale_bits[r]
         drow = dst[r]
         for b in range(nb):
-            s = f16[srow[b]]
+            s = _group_scale(scales, r, b, f16)
             for i in range(b * block, (b + 1) * block):
                 drow[i] = F32(qrow[i]) * s
 
@@ -342,8 +354,13 @@ def _exp_into(src, sign, shift, dst, exponents, n):
 
 
 @njit(parallel=True, fastmath=FM, cache=True, nogil=True)
-def attention_decode(qkv, kc, vc, layer, slots, positions, cos, sin, n_heads, n_kv, hd, n_split, out):
+def attention_decode(
+    qkv, kc, vc, layer, slots, positions, cos, sin, n_heads, n_kv, hd, n_split, score_scale, window, softcap, out
+):
     """One new token per row b: RoPE'd k and raw v into the cache at positions[b], then causal GQA attention.
+
+    Scores are q.k * score_scale, soft-capped to softcap * tanh(s / softcap) where softcap > 0; a query sees the
+    last ``window`` positions (itself included) where window > 0, else all of them (AttentionSpec's features).
 
     The cache writes come first (one thread). Then every (row, kv head, part) runs in parallel, each with
     its own scratch: a part is one of ``n_split`` equal spans of the positions, and computes the query
@@ -355,7 +372,8 @@ def attention_decode(qkv, kc, vc, layer, slots, positions, cos, sin, n_heads, n_
     kv_dim = n_kv * hd
     half = hd // 2
     group = n_heads // n_kv
-    inv_sqrt = F32(1.0 / math.sqrt(hd))
+    inv_sqrt = F32(score_scale)
+    cap = F32(softcap)
     n_rows = qkv.shape[0]
     for b in range(n_rows):
         slot = slots[b]
@@ -383,8 +401,9 @@ def attention_decode(qkv, kc, vc, layer, slots, positions, cos, sin, n_heads, n_
         j = bj - b * n_kv
         slot = slots[b]
         pos = positions[b]
-        span = (pos + n_split) // n_split  # ceil((pos + 1) / n_split)
-        t0 = part * span
+        lo = max(0, pos + 1 - window) if window > 0 else 0  # the first position this query sees
+        span = (pos + 1 - lo + n_split - 1) // n_split
+        t0 = lo + part * span
         n_t = max(0, min(pos + 1, t0 + span) - t0)
         qr = np.empty((group, hd), dtype=np.float32)
         scores = np.empty((group, n_t), dtype=np.float32)
@@ -414,6 +433,8 @@ def attention_decode(qkv, kc, vc, layer, slots, positions, cos, sin, n_heads, n_
                 sc = F32(0.0)
                 for i in range(hd):
                     sc += q[i] * kt[i]
+                if cap > 0:
+                    sc = cap * F32(math.tanh(sc / cap))
                 scores[gi, t] = sc
                 mx[gi] = max(mx[gi], sc)
         for gi in range(group):
@@ -463,6 +484,11 @@ int4_gate_up_silu_serial = _serial_twin(int4_gate_up_silu, "int4_gate_up_silu_se
 int4_matvec_add_rmsnorm_serial = _serial_twin(int4_matvec_add_rmsnorm, "int4_matvec_add_rmsnorm_serial")
 int8_matvec_serial = _serial_twin(int8_matvec, "int8_matvec_serial")
 int8_dequantize_serial = _serial_twin(int8_dequantize, "int8_dequantize_serial")
+# The same int8 loops on float32 scales (Q6_K), parallel and serial.
+int8_matvec_f32 = _serial_twin(int8_matvec, "int8_matvec_f32", parallel=True, _group_scale=_own_scale)
+int8_matvec_f32_serial = _serial_twin(int8_matvec, "int8_matvec_f32_serial", _group_scale=_own_scale)
+int8_dequantize_f32 = _serial_twin(int8_dequantize, "int8_dequantize_f32", parallel=True, _group_scale=_own_scale)
+int8_dequantize_f32_serial = _serial_twin(int8_dequantize, "int8_dequantize_f32_serial", _group_scale=_own_scale)
 silu_mul_serial = _serial_twin(silu_mul, "silu_mul_serial")
 int4_dequantize_serial = _serial_twin(int4_dequantize, "int4_dequantize_serial")
 attention_decode_serial = _serial_twin(attention_decode, "attention_decode_serial")

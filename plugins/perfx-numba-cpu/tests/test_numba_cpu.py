@@ -119,8 +119,12 @@ def test_fused_gate_up_silu_and_both_thread_modes(plugin_env, monkeypatch, mode)
 
 
 @pytest.mark.parametrize("kernel", ["attention_decode", "attention_decode_serial"])
-def test_attention_parts_agree(kernel):
-    """Decode attention split into 2, 3 or 5 parts of the positions (some empty at short contexts) = one part."""
+@pytest.mark.parametrize(
+    "features", [(0.25, 0, 0.0), (0.4, 12, 0.0), (0.3, 0, 5.0)], ids=["plain", "window-12", "softcap-5"]
+)
+def test_attention_parts_agree(kernel, features):
+    """Decode attention split into 2, 3 or 5 parts of the positions (some empty at short contexts) = one part,
+    with a window and soft-capping too (the conformance kit checks them against the reference)."""
     from perfx_numba_cpu import kernels
 
     rng = np.random.default_rng(3)
@@ -133,7 +137,10 @@ def test_attention_parts_agree(kernel):
     results = []
     for parts in (1, 2, 3, 5):
         k, v, out = cache[0].copy(), cache[1].copy(), np.full((2, n_heads * hd), np.nan, np.float32)
-        getattr(kernels, kernel)(qkv, k, v, 0, slots, positions, cos, sin, n_heads, n_kv, hd, parts, out)
+        scale, window, cap = np.float32(features[0]), features[1], np.float32(features[2])
+        getattr(kernels, kernel)(
+            qkv, k, v, 0, slots, positions, cos, sin, n_heads, n_kv, hd, parts, scale, window, cap, out
+        )
         results.append((k, v, out))
     for k, v, out in results[1:]:
         np.testing.assert_array_equal(k, results[0][0])
