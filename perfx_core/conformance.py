@@ -322,13 +322,14 @@ def _matmul_case(op: str, n: int, desc: tuple) -> tuple[str, float, Body]:
 def _qkv_case(n: int, kind: str) -> tuple[str, float, Body]:
     """qkv_proj on a weight made the way the model makes it: concat_rows of separate q, k, v weights."""
     make = {
-        "int4": lambda rng, rows: _int4(rng, rows, 128, 64, "rtn"),
-        "int8": lambda rng, rows: _int8(rng, rows, 128, 32, "q5_0" if rows == 192 else "q8_0"),
-        "dense": lambda rng, rows: _dense(rng, rows, 128, "float32"),
+        "int4": lambda rng, rows, part: _int4(rng, rows, 128, 64, "rtn"),
+        # q Q5_0, k Q8_0, v Q6_K (group 16, float32 scales): concat_rows joins them at group 16
+        "int8": lambda rng, rows, part: _int8(rng, rows, 128, *((32, "q5_0"), (32, "q8_0"), (16, "q6_k"))[part]),
+        "dense": lambda rng, rows, part: _dense(rng, rows, 128, "float32"),
     }[kind]
 
     def body(t: _Trial, rng: np.random.Generator) -> None:
-        parts = [make(rng, rows) for rows in (192, 64, 64)]
+        parts = [make(rng, rows, part) for part, rows in enumerate((192, 64, 64))]
         weight = concat_rows(parts)
         x = _activations(rng, (n, 128))
         handle, out = t.weight(weight), t.output("out", (n, 320))

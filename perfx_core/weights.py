@@ -248,7 +248,12 @@ def concat_rows(weights: list[Weight]) -> Weight:
             "float16" if all(w.dense_dtype == "float16" for w in weights) else "float32",  # type: ignore[union-attr]
         )
     if any(isinstance(w, DenseWeight) for w in weights):
-        weights = [as_dense(w) if isinstance(w, Int8Weight) else w for w in weights]
+        # Next to float32 parts an int8 one widens to float32 too (its values exactly), else to its dense_dtype.
+        wide = any(isinstance(w, DenseWeight) and w.data.dtype == np.float32 for w in weights)
+        weights = [
+            (DenseWeight(int8_rows(w, slice(None))) if wide else as_dense(w)) if isinstance(w, Int8Weight) else w
+            for w in weights
+        ]
     if all(isinstance(w, Int4Weight) for w in weights) and len({w.group_size for w in weights}) == 1:  # type: ignore[union-attr]
         return Int4Weight(
             np.concatenate([w.packed for w in weights]),  # type: ignore[union-attr]

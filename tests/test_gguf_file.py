@@ -11,7 +11,7 @@ import gguf
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFValueType
-from tiny_gguf import TENSOR_TYPES, find_smollm2_gguf, write_tiny_llama_gguf
+from tiny_gguf import TENSOR_TYPES, find_smollm2_gguf, sizes_for, write_tiny_llama_gguf
 
 from perfx_core.errors import ModelFormatError
 from perfx_core.gguf_file import GGUFFile, read_gguf
@@ -113,8 +113,7 @@ def test_vocab_files_present():
 
 @pytest.mark.parametrize("tensor_type", TENSOR_TYPES)
 def test_tiny_file_matches_gguf_reader(tmp_path: Path, tensor_type: str):
-    kw = {"dim": 256, "ffn_dim": 512} if tensor_type == "Q4_K" else {}
-    model = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type=tensor_type, tied=False, **kw)
+    model = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type=tensor_type, tied=False, **sizes_for(tensor_type))
     ours = read_gguf(model.path)
     reader = gguf.GGUFReader(model.path)
     assert_same_metadata(ours, reader)

@@ -12,7 +12,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from tiny_gguf import TENSOR_TYPES, find_smollm2_gguf, permute_hf_to_gguf, write_tiny_llama_gguf
+from tiny_gguf import TENSOR_TYPES, find_smollm2_gguf, permute_hf_to_gguf, sizes_for, write_tiny_llama_gguf
 
 from perfx_core.config import LlamaWeights, RopeScaling
 from perfx_core.errors import ModelFormatError
@@ -53,10 +53,6 @@ def loaded_tensors(weights: LlamaWeights) -> dict[str, np.ndarray | object]:
 
 def as_floats(w: object) -> np.ndarray:
     return w if isinstance(w, np.ndarray) else dequantize(w)  # type: ignore[arg-type]
-
-
-def tiny_kwargs(tensor_type: str) -> dict:
-    return {"dim": 256, "ffn_dim": 512} if tensor_type in ("Q4_K", "Q6_K") else {}  # whole 256-blocks
 
 
 # -- the q/k permutation ------------------------------------------------------------------------------------
@@ -113,7 +109,7 @@ def test_lossless_types_load_exactly(tmp_path: Path, tensor_type: str, tied: boo
 def test_matches_gguf_dequantize_of_stored_bytes(tmp_path: Path, tensor_type: str):
     """Independent of the writer's bookkeeping: compare with gguf.quants.dequantize of the file's own bytes."""
     path = tmp_path / "m.gguf"
-    model = write_tiny_llama_gguf(path, tensor_type=tensor_type, tied=False, seed=1, **tiny_kwargs(tensor_type))
+    model = write_tiny_llama_gguf(path, tensor_type=tensor_type, tied=False, seed=1, **sizes_for(tensor_type))
     config, weights, gf = load_llama_gguf(model.path)
     for name, loaded in loaded_tensors(weights).items():
         info = gf.tensors[name]
@@ -183,7 +179,7 @@ def test_q4_k_loads_as_int4_with_its_own_codes(tmp_path: Path):
     from the file's values only by the float16 rounding of each group's scale."""
     import warnings
 
-    model = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type="Q4_K", tied=False, **tiny_kwargs("Q4_K"))
+    model = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type="Q4_K", tied=False, **sizes_for("Q4_K"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         config, weights, _ = load_llama_gguf(model.path)
@@ -204,7 +200,7 @@ def test_q6_k_loads_exactly_as_int8_group_16(tmp_path: Path):
     and float32 scales, without a warning, and equal to the file's values (un-permuted rows included)."""
     import warnings
 
-    model = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type="Q6_K", tied=False, **tiny_kwargs("Q6_K"))
+    model = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type="Q6_K", tied=False, **sizes_for("Q6_K"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _, weights, _ = load_llama_gguf(model.path)
@@ -215,11 +211,12 @@ def test_q6_k_loads_exactly_as_int8_group_16(tmp_path: Path):
         assert isinstance(w, Int8Weight) and w.group_size == 16 and w.scale.dtype == np.float32, name
         assert w.codes.min() >= -32 and w.codes.max() <= 31, name
         assert w.nbytes == w.codes.size * 1.25, name  # one byte per code, four per 16 codes' scale
+        np.testing.assert_array_equal(dequantize(w), model.expected[name], err_msg=name)
 
 
 def test_q4_k_unpermutes_q_and_k(tmp_path: Path):
     """A wrong row order would give errors of the weights' size, far beyond one quantization step."""
-    model = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type="Q4_K", **tiny_kwargs("Q4_K"))
+    model = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type="Q4_K", **sizes_for("Q4_K"))
     _, weights, _ = load_llama_gguf(model.path)
     for name, w in (("blk.0.attn_q.weight", weights.layers[0].wq), ("blk.1.attn_k.weight", weights.layers[1].wk)):
         want = model.expected[name]

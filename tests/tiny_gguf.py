@@ -264,6 +264,11 @@ def _random_q6_k_blocks(rows: int, cols: int, rng: np.random.Generator) -> np.nd
 RANDOM_BLOCK_TYPES = {"Q4_K": _random_q4_k_blocks, "Q6_K": _random_q6_k_blocks}
 
 
+def sizes_for(tensor_type: str) -> dict[str, int]:
+    """write_tiny_llama_gguf sizes for ``tensor_type``: the K-quants' rows are whole 256-value super-blocks."""
+    return {"dim": 256, "ffn_dim": 512} if tensor_type in RANDOM_BLOCK_TYPES else {}
+
+
 def _typed(value: Any) -> tuple:
     """A metadata override as (value, type[, element type]), inferring the GGUF type of plain values."""
     if isinstance(value, tuple):

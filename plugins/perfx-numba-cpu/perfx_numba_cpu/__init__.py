@@ -12,8 +12,8 @@
   embedding/output, Q6_K in float32) with n <= INT8_MAX_N: a GEMV kernel on the weight's own arrays (no copy),
   4x less memory traffic than a float32 sgemv; larger n: blocks of rows dequantized into one reused buffer for
   BLAS. ``dense_gemm``: NumPy's BLAS.
-- fused ``rmsnorm``, ``add_rmsnorm``, ``silu_mul``, ``attention_decode`` (float32 caches; windows, soft-capping
-  and custom scales included), and the
+- fused ``rmsnorm``, ``add_rmsnorm``, ``head_rmsnorm``, ``silu_mul``, ``attention_decode`` (float32 caches;
+  windows, soft-capping and custom scales included), and the
   composites ``linear``, ``qkv_proj``, ``logits`` (direct dispatch), ``gate_up_silu`` and
   ``linear_add_rmsnorm`` (one kernel each for n <= SMALL_N on int4 weights).
 
@@ -310,6 +310,10 @@ def add_rmsnorm(rt, x, residual, weight, eps, out) -> None:
     K.add_rmsnorm(x, residual, weight, np.float32(eps), out)
 
 
+def head_rmsnorm(rt, qkv, q_weight, k_weight, eps, spec, out) -> None:
+    K.head_rmsnorm(qkv, q_weight, k_weight, np.float32(eps), spec.n_heads, spec.n_kv_heads, spec.head_dim, out)
+
+
 def silu_mul(rt, gate_up, out) -> None:
     (K.silu_mul if PARALLEL_MODE == "always" else K.silu_mul_serial)(gate_up, out)
 
@@ -349,6 +353,7 @@ OPS = {
     "rmsnorm": rmsnorm,
     "add_rmsnorm": add_rmsnorm,
     "silu_mul": silu_mul,
+    "head_rmsnorm": head_rmsnorm,
     "attention_decode": attention_decode,
     "linear": linear,
     "qkv_proj": linear,

@@ -307,6 +307,28 @@ def add_rmsnorm(x, residual, weight, eps, out):
             orow[i] = res[i] * inv * weight[i]
 
 
+@njit(fastmath=FM, cache=True, nogil=True)
+def head_rmsnorm(qkv, q_weight, k_weight, eps, n_heads, n_kv, hd, out):
+    """out = qkv with each q head and each k head RMS-normed over its hd values (times q_weight / k_weight),
+    the v heads copied (Qwen3's and Gemma 3's q/k norm)."""
+    n = qkv.shape[0]
+    v0 = (n_heads + n_kv) * hd
+    for r in range(n):
+        xr = qkv[r]
+        orow = out[r]
+        for h in range(n_heads + n_kv):
+            w = q_weight if h < n_heads else k_weight
+            base = h * hd
+            ss = F32(0.0)
+            for i in range(hd):
+                ss += xr[base + i] * xr[base + i]
+            inv = F32(1.0 / math.sqrt(ss / hd + eps))
+            for i in range(hd):
+                orow[base + i] = xr[base + i] * inv * w[i]
+        for i in range(v0, qkv.shape[1]):
+            orow[i] = xr[i]
+
+
 @njit(parallel=True, fastmath=FM, cache=True, nogil=True)
 def silu_mul(gate_up, out):
     """out = g / (1 + exp(-g)) * u, finite and right for any finite g (see _exp_into's clamp)."""

@@ -23,6 +23,7 @@ REPLACED = (
     "int4_gemm",
     "dense_gemm",
     "int8_gemm",
+    "head_rmsnorm",
     "rmsnorm",
     "add_rmsnorm",
     "silu_mul",
