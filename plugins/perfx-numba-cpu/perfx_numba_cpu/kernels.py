@@ -21,12 +21,12 @@ FM = {"reassoc", "contract", "arcp", "nsz", "afn"}
 F32 = np.float32
 
 
-def _serial_twin(dispatcher, name, parallel=False, **names):
-    """A single-threaded compilation of a parallel kernel (prange runs as range), cached under its own name.
+def _twin(dispatcher, name, parallel=False, **names):
+    """Another compilation of a kernel's loops, cached under its own name: single-threaded by default (prange
+    runs as range), and with ``names`` replacing globals the kernel calls (the int8 kernels' float32 scales).
 
     On a machine shared with other work a parallel region waits for its slowest thread, which may not be
-    scheduled for milliseconds; small calls are faster and far steadier on one thread. ``names`` replace
-    globals the kernel calls (another compilation of the same loops: the int8 kernels' float32 scales).
+    scheduled for milliseconds; small calls are faster and far steadier on one thread.
     """
     fn = dispatcher.py_func
     scope = {**fn.__globals__, **names} if names else fn.__globals__
@@ -501,16 +501,16 @@ def attention_decode(
                 orow[qb + i] *= inv
 
 
-int4_matvec_serial = _serial_twin(int4_matvec, "int4_matvec_serial")
-int4_gate_up_silu_serial = _serial_twin(int4_gate_up_silu, "int4_gate_up_silu_serial")
-int4_matvec_add_rmsnorm_serial = _serial_twin(int4_matvec_add_rmsnorm, "int4_matvec_add_rmsnorm_serial")
-int8_matvec_serial = _serial_twin(int8_matvec, "int8_matvec_serial")
-int8_dequantize_serial = _serial_twin(int8_dequantize, "int8_dequantize_serial")
+int4_matvec_serial = _twin(int4_matvec, "int4_matvec_serial")
+int4_gate_up_silu_serial = _twin(int4_gate_up_silu, "int4_gate_up_silu_serial")
+int4_matvec_add_rmsnorm_serial = _twin(int4_matvec_add_rmsnorm, "int4_matvec_add_rmsnorm_serial")
+int8_matvec_serial = _twin(int8_matvec, "int8_matvec_serial")
+int8_dequantize_serial = _twin(int8_dequantize, "int8_dequantize_serial")
 # The same int8 loops on float32 scales (Q6_K), parallel and serial.
-int8_matvec_f32 = _serial_twin(int8_matvec, "int8_matvec_f32", parallel=True, _group_scale=_own_scale)
-int8_matvec_f32_serial = _serial_twin(int8_matvec, "int8_matvec_f32_serial", _group_scale=_own_scale)
-int8_dequantize_f32 = _serial_twin(int8_dequantize, "int8_dequantize_f32", parallel=True, _group_scale=_own_scale)
-int8_dequantize_f32_serial = _serial_twin(int8_dequantize, "int8_dequantize_f32_serial", _group_scale=_own_scale)
-silu_mul_serial = _serial_twin(silu_mul, "silu_mul_serial")
-int4_dequantize_serial = _serial_twin(int4_dequantize, "int4_dequantize_serial")
-attention_decode_serial = _serial_twin(attention_decode, "attention_decode_serial")
+int8_matvec_f32 = _twin(int8_matvec, "int8_matvec_f32", parallel=True, _group_scale=_own_scale)
+int8_matvec_f32_serial = _twin(int8_matvec, "int8_matvec_f32_serial", _group_scale=_own_scale)
+int8_dequantize_f32 = _twin(int8_dequantize, "int8_dequantize_f32", parallel=True, _group_scale=_own_scale)
+int8_dequantize_f32_serial = _twin(int8_dequantize, "int8_dequantize_f32_serial", _group_scale=_own_scale)
+silu_mul_serial = _twin(silu_mul, "silu_mul_serial")
+int4_dequantize_serial = _twin(int4_dequantize, "int4_dequantize_serial")
+attention_decode_serial = _twin(attention_decode, "attention_decode_serial")
