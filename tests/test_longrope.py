@@ -11,16 +11,12 @@ test pins down what perfx does where they part: a short prompt on a long loaded 
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
-from pathlib import Path
 
 import numpy as np
 import pytest
 import tiny_families as tf
 
-import perfx_core
 from perfx_core.config import LongRope
-from perfx_core.errors import ModelFormatError
 from perfx_core.formats.hf import config_from_hf
 from perfx_core.formats.hf_export import hf_config
 from perfx_core.formats.perfx_format import config_from_json, config_to_json
@@ -41,15 +37,6 @@ LONGROPE = "phi3-longrope"  # the checkpoint's name (tiny_families.Checkpoints)
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> tf.Checkpoints:
     return tf.Checkpoints(tmp_path_factory.mktemp("longrope"), {LONGROPE: ("phi3", tf.PHI3_LONGROPE)})
-
-
-@contextmanager
-def loaded(path: Path, context_length: int = LONG_CONTEXT):
-    model = perfx_core.load(path, context_length=context_length)
-    try:
-        yield model
-    finally:
-        model.close()
 
 
 # -- the fixture ----------------------------------------------------------------------------------------------
@@ -88,7 +75,7 @@ def test_long_factors_match_transformers(checkpoints, fmt):
     """Loaded for 64 positions (> 32) with a 40-token prompt: both run the long factors."""
     path, reference = checkpoints.source(LONGROPE, fmt)
     expected = tf.hf_logits(reference, IDS)
-    with loaded(path, LONG_CONTEXT) as model:
+    with tf.loaded(path, LONG_CONTEXT) as model:
         long_rope = model.config.long_rope
         ours = model.logits(IDS)
     assert long_rope is not None and long_rope.original_context_length == ORIGINAL
@@ -103,7 +90,7 @@ def test_short_factors_match_transformers(checkpoints, fmt):
     """Loaded for 32 positions (the original context) with a 24-token prompt: both run the short factors."""
     path, reference = checkpoints.source(LONGROPE, fmt)
     expected = tf.hf_logits(reference, SHORT_IDS)
-    with loaded(path, SHORT_CONTEXT) as model:
+    with tf.loaded(path, SHORT_CONTEXT) as model:
         ours = model.logits(SHORT_IDS)
     error = tf.nmse(ours, expected)
     assert error < TOLERANCE, f"{fmt}: NMSE {error:.2e} against transformers (short factors)"
@@ -115,7 +102,7 @@ def test_the_loaded_context_picks_the_factors(checkpoints, fmt):
     first rows of transformers' long-prompt forward, not transformers' own forward of the short prompt."""
     path, reference = checkpoints.source(LONGROPE, fmt)
     long_rows = tf.hf_logits(reference, IDS)[: len(SHORT_IDS)]  # causal: rows of the 40-token forward
-    with loaded(path, LONG_CONTEXT) as model:
+    with tf.loaded(path, LONG_CONTEXT) as model:
         ours = model.logits(SHORT_IDS)
     assert tf.nmse(ours, long_rows) < TOLERANCE
     assert tf.nmse(ours, tf.hf_logits(reference, SHORT_IDS)) > 30 * TOLERANCE
@@ -133,7 +120,7 @@ def test_greedy_generation_matches_transformers(checkpoints, fmt):
             output_scores=True, pad_token_id=tf.UNK,
         )  # fmt: skip
     theirs = out.sequences[0, len(prompt) :].tolist()
-    with loaded(path, LONG_CONTEXT) as model:
+    with tf.loaded(path, LONG_CONTEXT) as model:
         generation = model.generate(prompt, max_tokens=n_new, temperature=0, ignore_eos=True)
         generation.run()
         ours = list(generation.token_ids)
@@ -156,7 +143,7 @@ def test_su_config_reads_as_longrope(checkpoints, tmp_path):
         config={"rope_parameters": None, "rope_scaling": su, "rope_theta": 1e4},
     )
     expected = tf.hf_logits(tf.reference_model(edited), IDS)
-    with loaded(edited) as model:
+    with tf.loaded(edited) as model:
         assert model.config.long_rope.short_factors == pytest.approx(SCALING["short_factor"])
         ours = model.logits(IDS)
     assert tf.nmse(ours, expected) < TOLERANCE
@@ -174,15 +161,6 @@ def test_config_round_trips_through_perfx_json_and_config_json(checkpoints):
 
 
 # -- malformed scaling ----------------------------------------------------------------------------------------
-
-
-def _refused(path: Path, *facts: str) -> None:
-    with pytest.raises(ModelFormatError) as info:
-        with loaded(path):
-            pass
-    message = str(info.value).replace(str(path), "<model>")
-    for fact in facts:
-        assert fact.lower() in message.lower(), f"{fact!r} is not named in: {message}"
 
 
 def _rope_parameters(**changes):
@@ -217,14 +195,14 @@ BAD_HF = {
 @pytest.mark.parametrize("case", BAD_HF)
 def test_malformed_longrope_is_refused_hf(checkpoints, tmp_path, case):
     edit, facts = BAD_HF[case]
-    _refused(tf.edit_checkpoint(checkpoints.hf(LONGROPE), tmp_path / "bad", config=edit(checkpoints)), *facts)
+    tf.refused(tf.edit_checkpoint(checkpoints.hf(LONGROPE), tmp_path / "bad", config=edit(checkpoints)), *facts)
 
 
 def test_missing_factor_set_is_refused_hf(checkpoints, tmp_path):
     params = _params(checkpoints)
     del params["short_factor"]
     bad = tf.edit_checkpoint(checkpoints.hf(LONGROPE), tmp_path / "bad", config={"rope_parameters": params})
-    _refused(bad, "lacks the required key 'rope_parameters.short_factor'")
+    tf.refused(bad, "lacks the required key 'rope_parameters.short_factor'")
 
 
 BAD_GGUF = {
@@ -252,10 +230,10 @@ def test_malformed_longrope_is_refused_gguf(checkpoints, tmp_path, case):
     edit, facts = BAD_GGUF[case]
     path = tmp_path / "bad.gguf"
     tf.write_gguf(checkpoints.hf(LONGROPE), path, edit=edit)
-    _refused(path, *facts)
+    tf.refused(path, *facts)
 
 
 def test_bad_attention_factor_key_is_refused_gguf(checkpoints, tmp_path):
     path = tmp_path / "bad.gguf"
     tf.write_gguf(checkpoints.hf(LONGROPE), path, metadata={"phi3.rope.scaling.attn_factor": -1.0})
-    _refused(path, "'phi3.rope.scaling.attn_factor' is -1.0", "positive number")
+    tf.refused(path, "'phi3.rope.scaling.attn_factor' is -1.0", "positive number")

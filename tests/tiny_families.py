@@ -17,16 +17,21 @@ import copy
 import json
 import math
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import gguf
 import numpy as np
+import pytest
 from gguf import GGMLQuantizationType, GGUFValueType, LlamaFileType
 from safetensors.numpy import load_file, save_file
 from tiny_gguf import CHAT_TEMPLATE, tiny_vocab
+
+import perfx_core
+from perfx_core.errors import ModelFormatError
 
 FAMILIES = ("qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3")
 GGUF_TYPES = ("F32", "F16", "Q8_0")
@@ -516,6 +521,26 @@ def hf_logits(model, ids: list[int]) -> np.ndarray:
 
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0].numpy()
+
+
+@contextmanager
+def loaded(path: Path, context_length: int = 64) -> Iterator[perfx_core.Model]:
+    model = perfx_core.load(path, context_length=context_length)
+    try:
+        yield model
+    finally:
+        model.close()
+
+
+def refused(path: Path, *facts: str) -> None:
+    """Loading ``path`` raises a ModelFormatError naming each of ``facts`` (case aside)."""
+    with pytest.raises(ModelFormatError) as info:
+        with loaded(path):
+            pass
+    # the path would name the family by itself (pytest's directories carry the test id)
+    message = str(info.value).replace(str(path), "<model>")
+    for fact in facts:
+        assert fact.lower() in message.lower(), f"{fact!r} is not named in: {message}"
 
 
 class Checkpoints:
