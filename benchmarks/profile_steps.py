@@ -81,7 +81,7 @@ def main() -> None:
         random_llama_weights(config, group_size=args.group, seed=0),
         rt,
         n_slots=max(batches) + bool(mixed),
-        max_seq_len=max(1024, args.position + 1),
+        max_seq_len=max(1024, args.position + 1, *prompts),
         prefill_chunk=max(*prompts, max(batches) + max(mixed, default=0)),  # a mixed step's rows fit too
         kv_dtype=args.kv_dtype,
     )

@@ -55,6 +55,8 @@ class Runtime(ABC):
     ops: OpTable
     # The KV-cache dtype a model gets when its caller names none ("float32" or "float16", KVCacheSpec.dtype).
     default_kv_dtype: str = "float32"
+    # Prompt tokens per forward pass when the caller names none (LlamaModel's prefill_chunk).
+    default_prefill_chunk: int = 256
     # File block formats (BlockWeight.block_format) that prepare_weight converts itself, on the device;
     # weights in any other block format reach it converted to Int4Weight by the host.
     block_formats: frozenset[str] = frozenset()

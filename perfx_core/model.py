@@ -77,9 +77,10 @@ class LlamaModel:
         *,
         n_slots: int = 1,
         max_seq_len: int | None = None,
-        prefill_chunk: int = 256,
+        prefill_chunk: int | None = None,
         kv_dtype: str | None = None,
     ):
+        prefill_chunk = prefill_chunk or runtime.default_prefill_chunk  # None: the runtime's choice
         if n_slots < 1 or prefill_chunk < 1:
             raise InvalidArgumentError("n_slots and prefill_chunk must be at least 1")
         kv_dtype = kv_dtype or runtime.default_kv_dtype  # None: the runtime's choice (float16 on OpenCL GPUs)
@@ -174,14 +175,17 @@ class LlamaModel:
             "x": rt.empty((max_tokens, c.dim)),  # residual stream
             "h": rt.empty((max_tokens, c.dim)),  # normed input of the next matmul
             "qkv": rt.empty((max_tokens, self.attention.qkv_dim)),
-            "qkv_in": rt.empty((max_tokens, self.attention.qkv_dim)),  # before bias / q-k norm
-            "y": rt.empty((max_tokens, c.dim)),  # a block part's output before its post-norm
-            "y_normed": rt.empty((max_tokens, c.dim)),
             "attn": rt.empty((max_tokens, c.q_dim)),
             "ffn": rt.empty((max_tokens, c.ffn_dim)),
             "logits": rt.empty((self.n_slots, c.vocab_size)),
             "argmax": rt.empty((self.n_slots,), np.int32),  # ids picked on the device (argmax, sample)
         }
+        # Only the families whose blocks have these steps hold their buffers (Llama has none of them).
+        if any(layer.b_qkv is not None or layer.q_norm is not None for layer in self.layers):
+            self._buffers["qkv_in"] = rt.empty((max_tokens, self.attention.qkv_dim))  # before bias / q-k norm
+        if any(layer.post_attn_norm is not None or layer.post_ffn_norm is not None for layer in self.layers):
+            self._buffers["y"] = rt.empty((max_tokens, c.dim))  # a block part's output before its post-norm
+            self._buffers["y_normed"] = rt.empty((max_tokens, c.dim))
 
     def _rows(self, name: str, start: int, n: int) -> Any:
         buf = self._buffers[name]

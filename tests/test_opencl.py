@@ -267,6 +267,33 @@ def test_perfx_tune_caches_per_device_and_the_runtime_uses_it(registry, tmp_path
         rt.close()
 
 
+def test_shipped_tuning_serves_its_device_until_the_user_tunes(registry, tmp_path, monkeypatch):
+    """A device perfx was measured on launches with the shipped shapes (tuned/<device>-<variant>.json) without
+    `perfx tune`; an impossible shipped entry is ignored, and the user's own result for a shape wins."""
+    import json
+
+    from perfx_opencl import ops, tuning
+
+    monkeypatch.setenv("PERFX_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(tuning, "SHIPPED_DIR", tmp_path / "tuned")
+    shipped = {"RW": 16, "KS": 4, "CR": 2, "UC": 1, "XS": 0, "QX": 0}
+    rt = registry.open_runtime("opencl")
+    try:
+        name = f"{tuning._slug(rt.device.name)}-{rt.variant}.json"
+        entries = {"gemv:64x128:nt1": shipped, "gemv:32x128:nt1": {**shipped, "RW": 0}}
+        (tmp_path / "tuned").mkdir()
+        (tmp_path / "tuned" / name).write_text(json.dumps({"gemv": entries}))
+        defaults = {**ops.GEMV_TUNING, "QX": int(rt.native_int_dot)}
+        assert ops.gemv_tuning(rt, False, 64, 128, 1) == shipped
+        assert ops.gemv_tuning(rt, False, 32, 128, 1) == defaults
+        mine = {**shipped, "KS": 8}
+        tuning.save(rt, {"gemv:64x128:nt1": mine})
+        ops.clear_plans(rt)
+        assert ops.gemv_tuning(rt, False, 64, 128, 1) == mine
+    finally:
+        rt.close()
+
+
 def test_perfx_tune_refuses_a_backend_without_kernels(capsys):
     from perfx_core.cli import main
 

@@ -394,3 +394,31 @@ def test_decode_splits_follow_depth_and_device(registry):
         assert ops._decode_plan(rt, cache, np.array([4095]), spec, ops.DECODE_SCORE_BYTES)[1]["MAX_SPLIT"] == 2048
     finally:
         rt.close()
+
+
+def test_long_prompt_attention_on_matrix_units_conforms(registry, monkeypatch):
+    """Prompt chunks beyond the rows the tiled kernel stores itself, with a float16 cache, run flash attention
+    on the matrix units (kernels/attention_mma.cl; its emulation here): several key tiles and row blocks, a
+    partial last block, a start inside a tile, grouped-query heads, against the float64 reference."""
+    from perfx_opencl.runtime import OpenCLRuntime
+
+    from perfx_core import conformance
+
+    monkeypatch.setenv("PERFX_OPENCL_MMA", "1")
+    built = []
+    kernel = OpenCLRuntime.kernel
+
+    def recording(rt, file, name, **defines):
+        built.append(name)
+        return kernel(rt, file, name, **defines)
+
+    monkeypatch.setattr(OpenCLRuntime, "kernel", recording)
+    rt = registry.open_runtime("opencl")
+    try:
+        for heads, start, t_len in [((4, 2, 64), 70, 150), ((2, 1, 128), 0, 65)]:
+            case = conformance._attention_case("attention_prefill", heads, "float16", [1], [start], t_len, max_seq=256)
+            result = conformance._run_case(rt, "attention_prefill", *case, seed=0)
+            assert result.passed, result
+    finally:
+        rt.close()
+    assert built.count("attention_prefill_mma") == 2

@@ -11,11 +11,18 @@ KERNEL_DIR = Path(__file__).parent / "kernels"
 # Prepended to every kernel file: the device-wide fence, the add + RMSNorm tail of the matmul kernels, and the
 # int4 weights' group bias.
 KERNEL_PRELUDE = ("device_fence.cl", "add_norm_tail.cl", "int4_bias.cl")
+# Pieces only some kernel files need, after the prelude: the KV cache's layout and the matrix units.
+FILE_PRELUDES = {
+    "attention": ("kv_layout.cl",),
+    "attention_mma": ("kv_layout.cl", "mma.cl"),
+    "int4_mma": ("mma.cl",),
+}
 
 
 def paths(file: str) -> list[Path]:
     """The files whose text makes up the program of ``kernels/<file>.cl``, in order."""
-    return [KERNEL_DIR / name for name in (*KERNEL_PRELUDE, f"{file}.cl")]
+    names = (*KERNEL_PRELUDE, *FILE_PRELUDES.get(file, ()), f"{file}.cl")
+    return [KERNEL_DIR / name for name in names]
 
 
 def program_source(file: str) -> str:

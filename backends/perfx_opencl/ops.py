@@ -49,6 +49,7 @@ MMA_MIN_N = 2
 # (17-24 tokens) UC = 4 was the best of 1, 2 and 4 as well (12288x4096 and 4096x11008, 128-column groups;
 # h200_sweep_mma_three_token_tiles.jsonl).
 MMA_UC = 4
+MMA_EMULATION_FLOATS = 256 + 128  # local floats per warp of the matrix units' emulation (kernels/mma.cl MMA_SCRATCH)
 MMA_WARPS_PER_CU = ((16, 16), (64, 8), (None, 30))  # (up to n tokens, warps per compute unit wanted)
 # linear_add_rmsnorm of up to this many tokens on the matrix units finishes in the matmul's launch
 # (kernels/add_norm_tail.cl): batched decode steps, where the separate add_rmsnorm launch cost more than its
@@ -153,13 +154,13 @@ def gemv_overrides() -> dict[str, int]:
 def gemv_tuning(rt, silu: bool, rows: int, k: int, nt: int) -> dict[str, int]:
     """The int4 GEMV shape for one matmul: RW row lanes x KS k-splits per work-group, CR output columns per
     thread, UC chunks loaded together. A forced shape (tuner), else the device's `perfx tune` result for this
-    matmul, else the variant's default; then PERFX_OPENCL_GEMV."""
+    matmul (the user's, else the one shipped for the device), else the variant's default; then PERFX_OPENCL_GEMV."""
     forced = rt.__dict__.get("_forced_gemv")
     if forced is not None:
         return dict(forced)
     tuned = rt.__dict__.get("_gemv_tuned")
     if tuned is None:
-        tuned = rt.__dict__["_gemv_tuned"] = tuning.load(rt)
+        tuned = rt.__dict__["_gemv_tuned"] = {**tuning.shipped(rt), **tuning.load(rt)}
     config = tuned.get(tuning.shape_key(silu, rows, k, nt))
     if config is None:
         config = dict(ADRENO_GEMV_TUNING if rt.variant == "adreno" else GEMV_TUNING)
@@ -393,7 +394,7 @@ def _mma_local_bytes(kw: int, row_tiles: int, nt8: int, emulated: bool, add_norm
     """int4_mma.cl's local arrays: the partial sums of warps 1..KW-1, the emulation's per-warp tiles, and the
     add + RMSNorm tail's reduction scratch and ticket."""
     tail = 32 * kw + 1 if add_norm else 0
-    return 4 * ((kw - 1) * row_tiles * nt8 * 4 * 32 + (kw * (256 + 128) if emulated else 0) + tail)
+    return 4 * ((kw - 1) * row_tiles * nt8 * 4 * 32 + (kw * MMA_EMULATION_FLOATS if emulated else 0) + tail)
 
 
 def _mma_plan(
@@ -793,10 +794,28 @@ def _prefill_tile(rt, hd: int, beside: int = 0) -> int:
 PREFILL_STORES_ROWS_MAX = 32
 
 
+# Beyond PREFILL_STORES_ROWS_MAX rows, where the runtime has matrix units and the cache is float16, the prompt's
+# attention runs on them (kernels/attention_mma.cl): PREFILL_MMA_WARPS warps of 16 query rows per work-group,
+# key tiles of PREFILL_MMA_KEYS positions in local memory. The output rows stay in registers, so head dims up to
+# PREFILL_MMA_MAX_HEAD_DIM.
+PREFILL_MMA_WARPS = 4
+PREFILL_MMA_KEYS = 64
+PREFILL_MMA_MAX_HEAD_DIM = 128
+PREFILL_MMA = os.environ.get("PERFX_OPENCL_PREFILL_MMA", "1") != "0"  # 0: the tiled kernel (A/B runs)
+
+
+def _prefill_on_matrix_units(rt, cache, hd: int) -> bool:
+    if not (PREFILL_MMA and rt.use_mma) or cache.spec.dtype != "float16" or hd % 16 or hd > PREFILL_MMA_MAX_HEAD_DIM:
+        return False
+    keys, dims = PREFILL_MMA_KEYS * (hd // 2 + 4), hd * (PREFILL_MMA_KEYS // 2 + 4)  # words, padded rows
+    emulation = 0 if rt.native_mma else PREFILL_MMA_WARPS * MMA_EMULATION_FLOATS
+    return 4 * (keys + dims + emulation) <= _local_bytes(rt)
+
+
 def attention_prefill(rt, qkv, cache, layer, slot, start, rope, spec, out):
     """The tiled kernel: each tile of K and V is read once per block of rows; up to PREFILL_STORES_ROWS_MAX rows
-    it also stores their k and v, else store_kv first (a head_dim that is not a multiple of 4: store_kv, then
-    the per-row kernel)."""
+    it also stores their k and v, else store_kv first and, on matrix units with a float16 cache, the
+    flash-attention kernel (a head_dim that is not a multiple of 4: store_kv, then the per-row kernel)."""
     t, hd = qkv.shape[0], spec.head_dim
     slots, positions = prompt_indices(slot, start, t)
     if hd % 4:
@@ -807,6 +826,20 @@ def attention_prefill(rt, qkv, cache, layer, slot, start, rope, spec, out):
     stores_rows = t <= PREFILL_STORES_ROWS_MAX
     if not stores_rows:
         _store_kv(rt, qkv, placement, spec, t, options)
+        if _prefill_on_matrix_units(rt, cache, hd):
+            rt.launch(
+                rt.kernel("attention_mma", "attention_prefill_mma", HD=hd, QW=PREFILL_MMA_WARPS, BK=PREFILL_MMA_KEYS),
+                (32 * PREFILL_MMA_WARPS * spec.n_heads, -(-t // (16 * PREFILL_MMA_WARPS))),
+                (32 * PREFILL_MMA_WARPS, 1),
+                qkv,
+                *placement,
+                t,
+                spec.n_heads,
+                spec.qkv_dim,
+                out,
+                1.0 / math.sqrt(hd),
+            )
+            return
     tile = _prefill_tile(rt, hd)
     rt.launch(
         rt.kernel("attention", "attention_prefill", HD=hd, QB=tile, KB=tile, **options),

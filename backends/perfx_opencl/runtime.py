@@ -238,6 +238,12 @@ class OpenCLRuntime(Runtime):
         return "float16" if self.device.kind == "gpu" else "float32"
 
     @property
+    def default_prefill_chunk(self) -> int:
+        """512 prompt tokens per forward pass on GPUs (llama.cpp's default micro-batch): a 256-token chunk of a
+        7B's attention is 128 work-groups on the H200's 132 compute units; 256 on CPUs."""
+        return 512 if self.device.kind == "gpu" else 256
+
+    @property
     def queue(self) -> Any:
         """The command queue, once a native replay still queueing on the device's queue (replay) has finished:
         every use of the queue, by this runtime or another on the same device, goes through here, so nothing is

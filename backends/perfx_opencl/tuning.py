@@ -3,7 +3,9 @@
 The search that produces the results is tuner.py. They are kept in one JSON file per (device, driver, backend
 variant) under the user cache directory (perfx_core.settings.cache_dir()/opencl-tuning/). Entries carry a hash of
 kernels/int4.cl and ops.py, so editing the kernel or its launch geometry makes old results stale instead of wrong.
-Untuned shapes use GEMV_TUNING, which is good untuned.
+Devices measured here ship their results in tuned/ (the same entries, chosen by the device's name and backend
+variant), so a first run there is tuned without `perfx tune`; a user's own results take precedence. Untuned
+shapes use GEMV_TUNING, which is good untuned.
 """
 
 from __future__ import annotations
@@ -50,6 +52,20 @@ def cache_path(rt) -> Path:
     details = rt.device.details
     name = f"{_slug(rt.device.name)}-{_slug(details.get('driver', ''))}-{rt.variant}.json"
     return cache_dir() / "opencl-tuning" / name
+
+
+SHIPPED_DIR = Path(__file__).parent / "tuned"
+
+
+def shipped(rt) -> dict[str, dict[str, int]]:
+    """The tuned shapes perfx ships for ``rt``'s device and variant, or {}. Not stamped with the kernel hash: an
+    entry that no longer is the fastest still runs correctly, and the next measurement replaces the file."""
+    path = SHIPPED_DIR / f"{_slug(rt.device.name)}-{rt.variant}.json"
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))["gemv"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return {key: config for key, config in entries.items() if _valid(config)} if isinstance(entries, dict) else {}
 
 
 def load(rt) -> dict[str, dict[str, int]]:

@@ -28,10 +28,6 @@
 #define PART 128  // key positions per work-group (one per thread while scoring)
 #endif
 
-inline size_t cache_index(int layer, int slot, int kv_head, int pos, int n_slots, int n_kv, int max_seq, int hd) {
-    return ((((size_t)layer * n_slots + slot) * n_kv + kv_head) * max_seq + pos) * hd;
-}
-
 // Global size (hd / 2, n_kv, rows): one rotate-half pair of k (and the two v values) per work-item.
 __kernel void store_kv(__global const float* qkv, int qkv_off, __global const int* slots, __global const int* positions,
                        __global const float* cos_t, int cos_off, __global const float* sin_t, int sin_off,

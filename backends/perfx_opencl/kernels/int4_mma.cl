@@ -2,9 +2,7 @@
 // (packed uint4 (k/32, m), half scale and float bias (k/g, m)), for batched decode and prefill.
 //
 // Each warp (32 consecutive work-items) runs mma m16n8k16 (f16 inputs, f32 accumulation) over MT tiles of 16
-// weight rows x NT8 tiles of 8 tokens. On NVIDIA that is `mma.sync` through inline PTX (-DNV_MMA, probed by
-// the runtime); elsewhere a portable emulation through local memory computes the same fragments (how CI
-// checks the layout below on PoCL; far too slow to be chosen there by default).
+// weight rows x NT8 tiles of 8 tokens, through mma.cl (mma.sync on NVIDIA, a portable emulation elsewhere).
 //
 // Why this beats the integer-dot GEMV from a few tokens on: a GEMV over 16 tokens spends 16 multiply-adds per
 // weight on FP32 or dp4a units, which made it arithmetic-bound (H200 12288x4096: 86.9 us at 16 tokens vs 13.4
@@ -65,11 +63,6 @@
 #define CODE_PAIR(w, shift) ((((w) >> (shift)) & 0x000F000Fu) | 0x64006400u)  // halves 1024 + code
 
 #ifdef NV_MMA
-inline uint half2_of(float lo, float hi) {
-    uint r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
 // (1024 + code) pairs -> code * scale + bias, per half.
 inline uint dequantize_pair(uint codes, uint scale2, uint bias2) {
     uint q, r;
@@ -77,51 +70,13 @@ inline uint dequantize_pair(uint codes, uint scale2, uint bias2) {
     asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(q), "r"(scale2), "r"(bias2));
     return r;
 }
-inline void mma_16816(float* c, uint a0, uint a1, uint a2, uint a3, uint b0, uint b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-#define MMA(c, a0, a1, a2, a3, b0, b1) mma_16816(c, a0, a1, a2, a3, b0, b1)
 #else
-// Portable: halves through vload_half / vstore_half_rte (no cl_khr_fp16 needed), the same roundings.
-inline float half_value(uint bits) {
-    const ushort h = (ushort)bits;
-    return vload_half(0, (const half*)&h);
-}
-inline uint half_bits(float v) {
-    ushort h;
-    vstore_half_rte(v, 0, (half*)&h);
-    return h;
-}
-inline uint half2_of(float lo, float hi) { return half_bits(lo) | (half_bits(hi) << 16); }
+// Portable: the same roundings through mma.cl's half helpers.
 inline uint dequantize_pair(uint codes, uint scale2, uint bias2) {
     const float lo = fma(half_value(codes) - 1024.0f, half_value(scale2), half_value(bias2));
     const float hi = fma(half_value(codes >> 16) - 1024.0f, half_value(scale2 >> 16), half_value(bias2 >> 16));
     return half2_of(lo, hi);
 }
-// The warp's A (16 x 16) and B (16 x 8) gathered into local memory, then each lane computes its four
-// outputs. Every work-item of the work-group calls it equally often, so the barriers are uniform.
-inline void mma_emulated(float* c, uint a0, uint a1, uint a2, uint a3, uint b0, uint b1, __local float* a,
-                         int lane) {
-    __local float* b = a + 256;
-    const int g = lane >> 2, t = lane & 3;
-    a[g * 16 + 2 * t] = half_value(a0), a[g * 16 + 2 * t + 1] = half_value(a0 >> 16);
-    a[(g + 8) * 16 + 2 * t] = half_value(a1), a[(g + 8) * 16 + 2 * t + 1] = half_value(a1 >> 16);
-    a[g * 16 + 2 * t + 8] = half_value(a2), a[g * 16 + 2 * t + 9] = half_value(a2 >> 16);
-    a[(g + 8) * 16 + 2 * t + 8] = half_value(a3), a[(g + 8) * 16 + 2 * t + 9] = half_value(a3 >> 16);
-    b[(2 * t) * 8 + g] = half_value(b0), b[(2 * t + 1) * 8 + g] = half_value(b0 >> 16);
-    b[(2 * t + 8) * 8 + g] = half_value(b1), b[(2 * t + 9) * 8 + g] = half_value(b1 >> 16);
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int kk = 0; kk < 16; ++kk) {
-        const float lo = a[g * 16 + kk], hi = a[(g + 8) * 16 + kk];
-        const float x0 = b[kk * 8 + 2 * t], x1 = b[kk * 8 + 2 * t + 1];
-        c[0] = fma(lo, x0, c[0]), c[1] = fma(lo, x1, c[1]), c[2] = fma(hi, x0, c[2]), c[3] = fma(hi, x1, c[3]);
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-}
-#define MMA(c, a0, a1, a2, a3, b0, b1) mma_emulated(c, a0, a1, a2, a3, b0, b1, mma_scratch, lane)
 #endif
 
 #ifdef NV_MMA
@@ -186,7 +141,7 @@ __kernel __attribute__((reqd_work_group_size(32 * KW, 1, 1))) void int4_mma(
     __global const uint* packed, __global const ushort* scale, __global const float* bias, __global const float* x,
     int x_off, __global float* out, int out_off, int n, int rows, int k EPILOGUE_ARGS) {
 #ifndef NV_MMA
-    __local float mma_scratch[KW][256 + 128];
+    __local float mma_scratch[KW][MMA_SCRATCH];
 #endif
     const int lane = get_local_id(0) & 31, warp = get_local_id(0) >> 5, g = lane >> 2, t = lane & 3;
     const int row0 = get_group_id(0) * 16 * MT, token0 = get_group_id(1) * 8 * NT8;
