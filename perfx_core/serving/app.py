@@ -27,12 +27,12 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import RequestCancelledError
+from .admission import admit
 from .choices import counts_prompt, generation_jobs
 from .config import ServerConfig
 from .embeddings import embeddings_endpoint
 from .guard import GuardMiddleware, error_response, read_json, refusal
 from .metrics import CONTENT_TYPE, ServerMetrics
-from .model_names import response_model
 from .protocol import APIError, ParsedRequest, parse_request
 from .responses import ChoiceResult, ResponseBuilder
 from .responses_api import responses_endpoint
@@ -314,10 +314,11 @@ def create_app(config: ServerConfig, on_load_failed: Callable[[BaseException], N
         return await _generate(request, chat=True)
 
     async def _generate(request: Request, chat: bool) -> Response:
+        def parse(body: Any, name: str, cancelled: Callable[[], bool]) -> ParsedRequest:
+            return parse_request(body, chat=chat, model_id=name, model=state.model, cancelled=cancelled)
+
         try:
-            scheduler = state.ready_scheduler()
-            body = await read_json(request, config.header_timeout_s)
-            parsed = await _parse_off_loop(request, body, chat)
+            scheduler, _, _, parsed = await admit(state, request, parse)
         except APIError as error:
             return refusal(state.metrics, error)
         except RequestCancelledError:  # the client left while its prompt was being prepared
@@ -334,19 +335,6 @@ def create_app(config: ServerConfig, on_load_failed: Callable[[BaseException], N
         if parsed.stream:
             return _GenerationResponse(_stream_events(scheduler, jobs, stream, parsed, builder), jobs, scheduler)
         return await _whole_response(request, scheduler, jobs, stream, parsed, builder)
-
-    async def _parse_off_loop(request: Request, body: Any, chat: bool) -> ParsedRequest:
-        """parse_request in a worker thread (rendering the chat template and tokenizing a large prompt must not
-        stall the streams), cancelled (the template's render stops) when the client goes away meanwhile."""
-        gone = threading.Event()
-        name = response_model(config, body)  # 404 for a name this server refuses
-        parsing = asyncio.ensure_future(
-            run_in_threadpool(parse_request, body, chat=chat, model_id=name, model=state.model, cancelled=gone.is_set)
-        )
-        while not (await asyncio.wait({parsing}, timeout=DISCONNECT_POLL_S))[0]:
-            if await request.is_disconnected():
-                gone.set()
-        return parsing.result()
 
     async def _whole_response(
         request: Request,

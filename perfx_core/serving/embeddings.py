@@ -21,9 +21,9 @@ from starlette.responses import JSONResponse, Response
 
 from ..errors import RequestCancelledError
 from ..sampling import SamplingParams
-from .guard import read_json, refusal
-from .job_events import ClientGone, JobRun, ServingState, off_loop
-from .model_names import response_model
+from .admission import admit
+from .guard import refusal
+from .job_events import ClientGone, JobRun, ServingState
 from .protocol import APIError, bad_request
 from .scheduler import Embedding, Failed, Finished, GenerationRequest
 
@@ -112,12 +112,11 @@ def embeddings_endpoint(state: ServingState) -> Callable[[Request], Any]:
     """The route's handler, bound to the server's shared state."""
 
     async def embeddings(request: Request) -> Response:
-        config, metrics = state.config, state.metrics
+        metrics = state.metrics
         try:
-            scheduler = state.ready_scheduler()
-            body = await read_json(request, config.header_timeout_s)
-            name = response_model(config, body)
-            parsed = await off_loop(request, lambda cancelled: parse_embedding_request(body, state.model, cancelled))
+            scheduler, _, name, parsed = await admit(
+                state, request, lambda body, _, cancelled: parse_embedding_request(body, state.model, cancelled)
+            )
             run = JobRun(state, scheduler)
             vectors = await _embed_all(request, run, parsed.inputs)
         except APIError as error:

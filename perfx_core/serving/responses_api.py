@@ -22,10 +22,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..errors import RequestCancelledError
+from .admission import admit
 from .choices import generation_jobs
-from .guard import error_response, read_json, refusal
-from .job_events import ClientGone, JobRun, JobStreamResponse, ServingState, off_loop
-from .model_names import response_model
+from .guard import error_response, refusal
+from .job_events import ClientGone, JobRun, JobStreamResponse, ServingState
 from .protocol import APIError, ParsedRequest, bad_request, parse_request
 from .scheduler import Failed, Finished, TextDelta
 
@@ -221,12 +221,11 @@ def responses_endpoint(state: ServingState) -> Callable[[Request], Any]:
     """The route's handler, bound to the server's shared state."""
 
     async def responses(request: Request) -> Response:
-        config, metrics = state.config, state.metrics
+        metrics = state.metrics
         try:
-            scheduler = state.ready_scheduler()
-            body = await read_json(request, config.header_timeout_s)
-            name = response_model(config, body)
-            parsed = await off_loop(request, lambda cancelled: _parse(body, name, state.model, cancelled))
+            scheduler, body, _, parsed = await admit(
+                state, request, lambda body, name, cancelled: _parse(body, name, state.model, cancelled)
+            )
             run = JobRun(state, scheduler)
             run.submit(generation_jobs(parsed, run.emitter))
         except APIError as error:
