@@ -804,6 +804,10 @@ def _feature_cases(op: str) -> list[tuple[frozenset[str], tuple[str, float, Body
         if op == "attention_prefill":
             kwargs = {"slots": where["slots"][:1], "positions": where["positions"][:1], "t_len": 23}
         out.append((frozenset(features), _attention_case(op, (4, 2, 32), "float32", **kwargs, **features)))
+    if op == "attention_prefill":  # a longer prompt chunk, float16 cache: the kernels for long prompts
+        features = {"window": 16, "softcap": 3.0, "scale": 0.05}
+        case = _attention_case(op, (4, 2, 32), "float16", [1], [20], t_len=45, **features)
+        out.append((frozenset(features), case))
     return out
 
 

@@ -59,6 +59,7 @@ LONG_MODULES = (
     "test_opencl.py",  # the OpenCL modules: PoCL compiles every kernel variant (three modules, two workers)
     "test_opencl_graphs.py",
     "test_opencl_kernels.py",
+    "test_opencl_families.py",
     "test_gemma3_gguf.py",
     "test_lm_eval.py",
     "test_gui_xcb.py",

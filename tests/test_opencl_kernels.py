@@ -399,7 +399,8 @@ def test_decode_splits_follow_depth_and_device(registry):
 def test_long_prompt_attention_on_matrix_units_conforms(registry, monkeypatch):
     """Prompt chunks beyond the rows the tiled kernel stores itself, with a float16 cache, run flash attention
     on the matrix units (kernels/attention_mma.cl; its emulation here): several key tiles and row blocks, a
-    partial last block, a start inside a tile, grouped-query heads, against the float64 reference."""
+    partial last block, a start inside a tile, grouped-query heads, a sliding window shorter than a tile with
+    soft-capping and a custom scale, against the float64 reference."""
     from perfx_opencl.runtime import OpenCLRuntime
 
     from perfx_core import conformance
@@ -415,10 +416,17 @@ def test_long_prompt_attention_on_matrix_units_conforms(registry, monkeypatch):
     monkeypatch.setattr(OpenCLRuntime, "kernel", recording)
     rt = registry.open_runtime("opencl")
     try:
-        for heads, start, t_len in [((4, 2, 64), 70, 150), ((2, 1, 128), 0, 65)]:
-            case = conformance._attention_case("attention_prefill", heads, "float16", [1], [start], t_len, max_seq=256)
+        windowed = {"window": 40, "softcap": 8.0, "scale": 0.1}
+        for heads, start, t_len, features in [
+            ((4, 2, 64), 70, 150, {}),
+            ((2, 1, 128), 0, 65, {}),
+            ((4, 2, 64), 30, 150, windowed),
+        ]:
+            case = conformance._attention_case(
+                "attention_prefill", heads, "float16", [1], [start], t_len, max_seq=256, **features
+            )
             result = conformance._run_case(rt, "attention_prefill", *case, seed=0)
             assert result.passed, result
     finally:
         rt.close()
-    assert built.count("attention_prefill_mma") == 2
+    assert built.count("attention_prefill_mma") == 3

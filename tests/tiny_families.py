@@ -524,8 +524,8 @@ def hf_logits(model, ids: list[int]) -> np.ndarray:
 
 
 @contextmanager
-def loaded(path: Path, context_length: int = 64) -> Iterator[perfx_core.Model]:
-    model = perfx_core.load(path, context_length=context_length)
+def loaded(path: Path, context_length: int = 64, backend: str = "numpy") -> Iterator[perfx_core.Model]:
+    model = perfx_core.load(path, backend=backend, context_length=context_length)
     try:
         yield model
     finally:

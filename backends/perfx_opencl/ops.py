@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -16,6 +15,7 @@ import numpy as np
 
 from perfx_core.errors import BackendError, InvalidArgumentError
 from perfx_core.ops import (
+    ATTENTION_FEATURES,
     PRIMITIVE_OPS,
     PROMPT_KEYS,
     generic_attention_mixed,
@@ -602,6 +602,17 @@ def _placement(rt, cache, layer, slots, positions, rope, spec, keys=("slots", "p
     )
 
 
+def _feature_defines(spec) -> dict:
+    """The build options of an attention kernel for the layer's optional features (kernels/kv_layout.cl): a
+    sliding window and soft-capping; the third, the score scale, is an argument (spec.score_scale)."""
+    defines: dict = {}
+    if spec.window is not None:
+        defines["WINDOW"] = int(spec.window)
+    if spec.softcap is not None:
+        defines["SOFTCAP"] = f"{float(spec.softcap)!r}f"
+    return defines
+
+
 def _store_kv(rt, qkv, placement: tuple, spec, rows: int, options: dict) -> None:
     """Write the RoPE'd k and the v of ``rows`` new tokens of qkv into the cache (before attending to them)."""
     rt.launch(
@@ -625,7 +636,7 @@ def _attention(rt, qkv, cache, layer, slots, positions, rope, spec, out, keys=("
     parts = decode_signature(positions)[1]  # partitions of the longest row
     partial = rt.scratch("attention_partial", (rows * spec.n_heads * parts * (hd + 2),))
     rt.launch(
-        rt.kernel("attention", "attention", PART=ATT_PART, **options),
+        rt.kernel("attention", "attention", PART=ATT_PART, **options, **_feature_defines(spec)),
         (ATT_WG * spec.n_heads, rows, parts),
         (ATT_WG, 1, 1),
         qkv,
@@ -634,7 +645,7 @@ def _attention(rt, qkv, cache, layer, slots, positions, rope, spec, out, keys=("
         spec.n_heads,
         spec.qkv_dim,
         out,
-        1.0 / math.sqrt(hd),
+        spec.score_scale,
         partial,
     )
     if parts > 1:
@@ -714,7 +725,7 @@ def _decode_plan(rt, cache, positions, spec, score_bytes: int) -> tuple[int, dic
     wanted = DECODE_GROUPS_PER_CU * rt.device.details.get("compute_units", 1)
     fill = -(-wanted // (len(positions) * spec.n_kv_heads))
     splits = max(fit, min(bucket, fill))
-    return splits, {"HD": hd, "GROUP": group, "MAX_SPLIT": max_split, "CACHE_HALF": half}
+    return splits, {"HD": hd, "GROUP": group, "MAX_SPLIT": max_split, "CACHE_HALF": half, **_feature_defines(spec)}
 
 
 def _decode_arguments(rt, qkv, cache, layer, slots, positions, rope, spec, out, splits: int) -> tuple:
@@ -726,7 +737,7 @@ def _decode_arguments(rt, qkv, cache, layer, slots, positions, rope, spec, out, 
         spec.n_heads,
         spec.qkv_dim,
         out,
-        1.0 / math.sqrt(hd),
+        spec.score_scale,
         rt.scratch("attention_partial", (rows * spec.n_heads * splits * (hd + 2),)),
         rt.zeroed_ints("attention_counters", rows * spec.n_kv_heads),
     )
@@ -828,7 +839,14 @@ def attention_prefill(rt, qkv, cache, layer, slot, start, rope, spec, out):
         _store_kv(rt, qkv, placement, spec, t, options)
         if _prefill_on_matrix_units(rt, cache, hd):
             rt.launch(
-                rt.kernel("attention_mma", "attention_prefill_mma", HD=hd, QW=PREFILL_MMA_WARPS, BK=PREFILL_MMA_KEYS),
+                rt.kernel(
+                    "attention_mma",
+                    "attention_prefill_mma",
+                    HD=hd,
+                    QW=PREFILL_MMA_WARPS,
+                    BK=PREFILL_MMA_KEYS,
+                    **_feature_defines(spec),
+                ),
                 (32 * PREFILL_MMA_WARPS * spec.n_heads, -(-t // (16 * PREFILL_MMA_WARPS))),
                 (32 * PREFILL_MMA_WARPS, 1),
                 qkv,
@@ -837,12 +855,12 @@ def attention_prefill(rt, qkv, cache, layer, slot, start, rope, spec, out):
                 spec.n_heads,
                 spec.qkv_dim,
                 out,
-                1.0 / math.sqrt(hd),
+                spec.score_scale,
             )
             return
     tile = _prefill_tile(rt, hd)
     rt.launch(
-        rt.kernel("attention", "attention_prefill", HD=hd, QB=tile, KB=tile, **options),
+        rt.kernel("attention", "attention_prefill", HD=hd, QB=tile, KB=tile, **options, **_feature_defines(spec)),
         (ATT_WG * spec.n_heads, -(-t // tile)),
         (ATT_WG, 1),
         qkv,
@@ -851,6 +869,11 @@ def attention_prefill(rt, qkv, cache, layer, slot, start, rope, spec, out):
         spec.n_heads,
         spec.qkv_dim,
         out,
-        1.0 / math.sqrt(hd),
+        spec.score_scale,
         int(stores_rows),
     )
+
+
+# Sliding windows, soft-capping and custom score scales are build options and an argument of every attention kernel.
+for _op in (attention_decode, attention_prefill, attention_mixed):
+    _op.perfx_features = ATTENTION_FEATURES

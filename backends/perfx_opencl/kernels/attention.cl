@@ -80,7 +80,7 @@ __kernel __attribute__((reqd_work_group_size(ATT_WG, 1, 1))) void attention(
     const int lid = get_local_id(0), h = get_group_id(0), r = get_group_id(1), part = get_group_id(2);
     const int parts = get_num_groups(2);
     const int pos = positions[r], half_d = hd / 2;
-    const int first = part * PART, count = min(PART, pos + 1 - first);  // count <= 0: nothing to score
+    const int first = WINDOW_START(pos) + part * PART, count = min(PART, pos + 1 - first);  // <= 0: nothing to score
     const int kv_head = h / (n_heads / n_kv);
     const int q_at = qkv_off + r * qkv_dim + h * hd;
     for (int i = lid; i < half_d; i += ATT_WG) {
@@ -98,7 +98,7 @@ __kernel __attribute__((reqd_work_group_size(ATT_WG, 1, 1))) void attention(
         int d = 0;
         for (; d + 4 <= hd; d += 4) score += dot(vload4(0, q + d), LOAD_C4(key + d, k_cache));
         for (; d < hd; ++d) score += q[d] * LOAD_C(key + d, k_cache);
-        score *= score_scale;
+        score = CAPPED(score * score_scale, 1.0f);
         p[s] = score;
         local_max = fmax(local_max, score);
     }
@@ -228,7 +228,7 @@ inline __attribute__((always_inline)) void prefill_block(
     for (int r = 0; r < QB; ++r)
 #pragma unroll
         for (int u = 0; u < DPT; ++u) acc[r][u] = 0.0f;
-    for (int first = 0; first <= last; first += KB) {
+    for (int first = WINDOW_START(positions[r0]) / KB * KB; first <= last; first += KB) {
         barrier(CLK_LOCAL_MEM_FENCE);  // the previous tile's ks, vs and ps are no longer read
         for (int e = lid; e < KB * HD / 4; e += ATT_WG) {
             const int j = e / (HD / 4), i = 4 * (e % (HD / 4)), pos = first + j;
@@ -251,11 +251,12 @@ inline __attribute__((always_inline)) void prefill_block(
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int e = lid; e < QB * KB; e += ATT_WG) {
             const int r = e / KB, j = e % KB;
-            float score = -INFINITY;  // causal: a row sees positions up to its own
-            if (r < n_rows && first + j <= positions[r0 + r]) {
+            float score = -INFINITY;  // causal: a row sees positions up to its own (and within its window)
+            if (r < n_rows && first + j <= positions[r0 + r] && first + j >= WINDOW_START(positions[r0 + r])) {
                 score = 0.0f;
 #pragma unroll 8
                 for (int i = 0; i < HD; ++i) score = fma(qs[r][i], ks[j][i], score);
+                score = CAPPED(score, 1.0f);
             }
             ps[r][j] = score;
         }
@@ -459,9 +460,9 @@ inline __attribute__((always_inline)) void decode_row(
     __local cvec* q_heads, __local float* tile_dots, __local float* pw, __local float* red, __local cvec* pv,
     __local int* merging) {
     const int lid = get_local_id(0);
-    const int pos = positions[r], slot = slots[r], half_d = HD / 2;
-    const int run = ((pos + parts) / parts + 15) & ~15;  // ceil((pos + 1) / parts), rounded up to 16
-    const int first = part * run, count = clamp(pos + 1 - first, 0, run);
+    const int pos = positions[r], slot = slots[r], half_d = HD / 2, lo = WINDOW_START(pos);
+    const int run = ((pos - lo + parts) / parts + 15) & ~15;  // ceil((pos + 1 - lo) / parts), rounded up to 16
+    const int first = lo + part * run, count = clamp(pos + 1 - first, 0, run);
     const int row_at = qkv_off + r * qkv_dim;
     const size_t base = cache_index(layer, slot, j, first, n_slots, n_kv, max_seq, HD);
     __local float* qf = (__local float*)q_heads;
@@ -514,7 +515,7 @@ inline __attribute__((always_inline)) void decode_row(
                 float score = 0.0f;
 #pragma unroll
                 for (int l = 0; l < KL; ++l) score += tile_dots[at + l];
-                pw[g * MAX_SPLIT + t0 + k] = score;
+                pw[g * MAX_SPLIT + t0 + k] = CAPPED(score, 1.0f);
             }
         }
         barrier(CLK_LOCAL_MEM_FENCE);

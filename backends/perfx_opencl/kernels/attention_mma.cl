@@ -79,7 +79,7 @@ __kernel __attribute__((reqd_work_group_size(32 * QW, 1, 1))) void attention_pre
     for (int n = 0; n < HD / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;  // running max and (lane's part of) sum
 
-    for (int first = 0; first <= last; first += BK) {
+    for (int first = WINDOW_START(start + block * BQ) / BK * BK; first <= last; first += BK) {
         barrier(CLK_LOCAL_MEM_FENCE);  // the previous tile is no longer read
         // K: consecutive work-items along a key's 16-byte pieces (coalesced). Positions past the block's last
         // query are zero: masked below, and never read from beyond what was written.
@@ -113,31 +113,38 @@ __kernel __attribute__((reqd_work_group_size(32 * QW, 1, 1))) void attention_pre
                 MMA(sc[n], qa[s][0], qa[s][1], qa[s][2], qa[s][3], key[0], key[4]);
             }
 
-        // Causal mask, then the online softmax: each row's max over the quad of lanes that share it.
+        // Causal (and window) mask, then the online softmax: each row's max over the quad of lanes that share it.
         float max_lo = -INFINITY, max_hi = -INFINITY;
 #pragma unroll
         for (int n = 0; n < BK / 8; ++n)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int key = first + 8 * n + 2 * t + e;
-                if (key > pos_lo) sc[n][e] = -INFINITY;
-                if (key > pos_hi) sc[n][2 + e] = -INFINITY;
+                sc[n][e] = key > pos_lo || key < WINDOW_START(pos_lo) ? -INFINITY : CAPPED(sc[n][e], LOG2E);
+                sc[n][2 + e] = key > pos_hi || key < WINDOW_START(pos_hi) ? -INFINITY : CAPPED(sc[n][2 + e], LOG2E);
                 max_lo = fmax(max_lo, sc[n][e]), max_hi = fmax(max_hi, sc[n][2 + e]);
             }
         max_lo = fmax(max_lo, LANE_XOR(max_lo, 1));
         max_lo = fmax(max_lo, LANE_XOR(max_lo, 2));
         max_hi = fmax(max_hi, LANE_XOR(max_hi, 1));
         max_hi = fmax(max_hi, LANE_XOR(max_hi, 2));
-        // The first tile holds position 0, which every row sees: from then on the maxima are finite.
+        // Without a window the first tile holds position 0, which every row sees, and from then on the maxima are
+        // finite; with one, a row may see nothing of its block's first tiles: its max stays -inf, and so must
+        // the exponentials stay 0 and the sums untouched (-inf - -inf would be NaN).
         const float new_lo = fmax(m_lo, max_lo), new_hi = fmax(m_hi, max_hi);
-        const float keep_lo = exp2(m_lo - new_lo), keep_hi = exp2(m_hi - new_hi);
+#ifdef WINDOW
+        const float base_lo = new_lo == -INFINITY ? 0.0f : new_lo, base_hi = new_hi == -INFINITY ? 0.0f : new_hi;
+#else
+        const float base_lo = new_lo, base_hi = new_hi;
+#endif
+        const float keep_lo = exp2(m_lo - base_lo), keep_hi = exp2(m_hi - base_hi);
         m_lo = new_lo, m_hi = new_hi, l_lo *= keep_lo, l_hi *= keep_hi;
 #pragma unroll
         for (int n = 0; n < BK / 8; ++n)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                sc[n][e] = exp2(sc[n][e] - new_lo), l_lo += sc[n][e];
-                sc[n][2 + e] = exp2(sc[n][2 + e] - new_hi), l_hi += sc[n][2 + e];
+                sc[n][e] = exp2(sc[n][e] - base_lo), l_lo += sc[n][e];
+                sc[n][2 + e] = exp2(sc[n][2 + e] - base_hi), l_hi += sc[n][2 + e];
             }
 #pragma unroll
         for (int n = 0; n < HD / 8; ++n) o[n][0] *= keep_lo, o[n][1] *= keep_lo, o[n][2] *= keep_hi, o[n][3] *= keep_hi;
