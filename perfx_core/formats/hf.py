@@ -330,6 +330,13 @@ class BlockTensors:
             return self.path(fused, layer), (sum(sizes), self.config.dim), slice(start, start + sizes[part])
         return self.path(name, layer), self.shapes[name], None  # type: ignore[return-value]
 
+    def check(self, layer: int) -> None:
+        """ModelFormatError unless every tensor of block ``layer`` is there with a float dtype and its shape
+        (read from the headers only)."""
+        for name in self.shapes:
+            path, shape, _ = self._rows(name, layer)
+            self.ckpt.array(path, shape)
+
     def weight(self, name: str, layer: int) -> DenseWeight:
         path, shape, rows = self._rows(name, layer)
         w = self.ckpt.weight(path, shape)

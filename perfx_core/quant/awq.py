@@ -1,11 +1,23 @@
-"""Activation-aware weight quantization (AWQ, Lin et al. 2023) for one Llama block, in NumPy.
+"""Activation-aware weight quantization (AWQ, Lin et al. 2023) for one block of any family perfx runs, in NumPy.
 
 Per group of linears that read the same input, a per-input-channel scale ``s = mean|x| ** alpha`` (alpha on a
 20-point grid over [0, 1]) is chosen to minimise the output error of the quantized layers; the weights'
 columns are multiplied by s and 1/s is folded into whatever produces the input (an RMSNorm weight, or the
-rows of the previous linear), which leaves the float model unchanged. Then, per output row and group, the
-weight range is shrunk (clipped) by the ratio in 1.0 ... 0.5 that minimises that group's output error.
-Quantization is int4, asymmetric, with an integer zero point, as weights.quantize_rtn stores it.
+rows of the previous linear and its bias), which leaves the float model unchanged. Then, per output row and
+group, the weight range is shrunk (clipped) by the ratio in 1.0 ... 0.5 that minimises that group's output
+error. Quantization is int4, asymmetric, with an integer zero point, as weights.quantize_rtn stores it.
+
+Why each fold is exact in every family (perfx_core.quant.forward is the block they preserve):
+
+- q/k/v: attn_norm's output feeds only wq, wk, wv. RMSNorm weights are stored as applied ((1 + w) already
+  added for Gemma), so dividing the stored weight by s divides the norm's output by s. The biases (Qwen2) add
+  after the projection, the q/k norms (Qwen3, Gemma 3) act on its output: neither sees the scale.
+- o: wo reads the attention output, a per-channel mix of v over positions (softmax weights come from q, k
+  only), so dividing v's rows, and its bias, by s divides wo's input by s. Gemma's post-attention norm acts on
+  wo's output, which is unchanged.
+- gate/up: ffn_norm (Gemma's pre-feedforward norm) feeds only w_gate and w_up.
+- down: w_down reads act(gate) * up; dividing up's rows by s divides that product by s for any activation of
+  the gate. Gemma's post-feedforward norm acts on w_down's output, which is unchanged.
 """
 
 from __future__ import annotations
@@ -165,7 +177,8 @@ def awq_block(
     group_sizes: dict[str, int],
     loss_tokens: np.ndarray,
 ) -> tuple[dict[str, Int4Weight], BlockReport]:
-    """Scale, clip and quantize one block's linears; ``w`` (float32) gets its norms and weights rescaled in place.
+    """Scale, clip and quantize one block's linears; ``w`` (float32) gets its norms, weights and v bias rescaled
+    in place.
 
     ``loss_tokens`` index the rows of ``inputs`` used to measure output errors in both searches.
     """
@@ -199,6 +212,8 @@ def awq_block(
     for n in ("wq", "wk", "wv"):
         w[n] = w[n] * s_qkv
     w["wv"] = w["wv"] / s_vo[:, None]
+    if config.qkv_bias:  # v = x wv^T + bv: the bias divides with the rows, or v would not be v / s
+        w["bv"] = w["bv"] / s_vo
     w["wo"] = w["wo"] * s_vo[v_row_of_o_in]
     w["ffn_norm"] = w["ffn_norm"] / s_ffn
     w["w_gate"], w["w_up"] = w["w_gate"] * s_ffn, w["w_up"] * s_ffn

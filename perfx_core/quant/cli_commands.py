@@ -59,7 +59,7 @@ def cmd_eval_ppl(args: argparse.Namespace) -> int:
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
     """Add ``quantize`` and ``eval`` (with ``eval ppl``) to perfx's subcommands."""
     q = subparsers.add_parser("quantize", help="quantize a Hugging Face directory or GGUF to perfx's int4 format")
-    q.add_argument("src", help="Hugging Face Llama directory (fp32/fp16/bf16 safetensors) or a GGUF file")
+    q.add_argument("src", help="Hugging Face directory (fp32/fp16/bf16 safetensors) or GGUF, of any family perfx runs")
     q.add_argument("-o", "--out", required=True, help="output directory (must not exist unless --force)")
     q.add_argument("--method", choices=("rtn", "awq"), default="awq", help="quantization method (default awq)")
     q.add_argument(

@@ -1,4 +1,6 @@
-"""``quantize(src, out)``: a Hugging Face directory or a GGUF in, a perfx int4 directory out, block by block.
+"""``quantize(src, out)``: a Hugging Face directory or a GGUF of any family perfx runs in, a perfx int4
+directory out, block by block. The linears become int4; every other tensor (norms, biases, q/k norms, the
+embedding as float16) is carried as the loaders read it.
 
 The output is built in a directory beside ``out`` and renamed into place only when complete and synced (see
 ``staging``), so an interrupted, failed or killed run leaves nothing at ``out``; what a killed run leaves beside
@@ -18,17 +20,16 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 from ..formats.hf import LINEARS, expected_shapes, pick_group_size
-from ..formats.perfx_format import PerfxWriter, is_perfx_directory
-from ..rope import rope_cos_sin
+from ..formats.perfx_format import PerfxWriter, is_perfx_directory, layer_vectors
 from ..weights import SUPPORTED_GROUP_SIZES, quantize_rtn
 from .awq import awq_block
 from .calibration import load_calibration
-from .forward import block_forward
+from .forward import block_forward, rope_tables
 from .sources import open_source
 from .staging import StagedDirectory, remove_stale
+from .support import check_quantizable
 
 METHODS = ("rtn", "awq")
-QUANTIZABLE_FAMILIES = ("llama", "mistral")
 
 
 @dataclass
@@ -54,7 +55,8 @@ def quantize(
     overwrite: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> QuantizeReport:
-    """Quantize ``src`` (HF Llama directory or GGUF) to int4 and write perfx's format to the directory ``out``.
+    """Quantize ``src`` (Hugging Face directory or GGUF, any family perfx runs) to int4 and write perfx's format
+    to the directory ``out``.
 
     method: "rtn" (round to nearest) or "awq". group_size: 32, 64 or 128 (a matrix whose input width it does
     not divide uses the largest smaller size that does). calib: a UTF-8 text file (default: perfx's own set),
@@ -76,17 +78,12 @@ def quantize(
 
     source = open_source(src)  # checks every tensor's name, dtype and shape before any work
     config = source.config
-    if config.arch not in QUANTIZABLE_FAMILIES:
-        raise InvalidArgumentError(
-            f"perfx quantize does not handle {config.arch} models yet (their extra tensors and AWQ's block forward "
-            f"are Llama's only); it quantizes {', '.join(QUANTIZABLE_FAMILIES)}. Load the {config.arch} GGUF or "
-            "Hugging Face directory directly instead"
-        )
+    check_quantizable(config)  # a config feature the forward, the folding or the format lacks: refused here
     shapes = expected_shapes(config)
     group_sizes = {n: pick_group_size(shapes[n][1], group_size) for n in LINEARS}
     calibration = load_calibration(source.tokenizer(), calib, n_samples, seqlen) if method == "awq" else None
 
-    log(f"quantizing {config.n_layers} blocks of {Path(src).name} ({method}, group {group_size})")
+    log(f"quantizing {config.n_layers} {config.arch} blocks of {Path(src).name} ({method}, group {group_size})")
     report = QuantizeReport(out, method, 0.0, group_sizes)
     for stale in remove_stale(out):
         log(f"removed {stale}, left by an interrupted run")
@@ -95,23 +92,26 @@ def quantize(
     writer: PerfxWriter | None = None
     try:
         writer = PerfxWriter(tmp, config, group_sizes)
-        h = cos = sin = loss_idx = None
+        h = ropes = loss_idx = None
         if calibration is not None:
             b, t = calibration.tokens.shape
             h = source.embedding_rows(calibration.tokens.reshape(-1)).reshape(b, t, config.dim)
-            cos, sin = rope_cos_sin(config, t)
+            if config.embed_scale != 1.0:  # Gemma: sqrt(dim), as the model scales the rows it looks up
+                h = h * np.float32(config.embed_scale)
+            ropes = rope_tables(config, t)
             rng = np.random.default_rng(0)
             loss_idx = np.sort(rng.permutation(b * t)[: min(b * t, loss_tokens)])
         for i in range(config.n_layers):
             w = source.layer(i)
             if calibration is not None:
-                h, inputs = block_forward(h, w, config, cos, sin)  # float outputs feed the next block, as published
+                cos, sin = ropes[i]
+                h, inputs = block_forward(h, w, config, cos, sin, layer=i)  # float outputs feed the next block
                 linears, block = awq_block(w, inputs, config, group_sizes, loss_idx)
                 del inputs
                 report.errors.append({k: (block.rtn_error[k], block.awq_error[k]) for k in block.rtn_error})
             else:
                 linears = {n: quantize_rtn(w[n], group_sizes[n]) for n in LINEARS}
-            writer.write_layer(i, w["attn_norm"], w["ffn_norm"], linears)
+            writer.write_layer(i, {n: w[n] for n in layer_vectors(config)}, linears)
             del w, linears
             spent = time.perf_counter() - started
             left = spent / (i + 1) * (config.n_layers - i - 1)

@@ -1,4 +1,5 @@
-"""Float weights of a model to quantize, read one block at a time from a mapped Hugging Face directory or GGUF.
+"""Float weights of a model of any family perfx runs, read one block at a time from a mapped Hugging Face
+directory or GGUF.
 
 A source never holds more than one block's float32 weights (plus the embedding rows calibration needs), so
 quantizing a 7B model fits in a small fraction of its float size. Everything is checked (names, dtypes,
@@ -15,18 +16,20 @@ from typing import Any
 
 import numpy as np
 
+from ..architectures import family_named
+from ..architectures.base import OPTIONAL_TENSORS, optional_tensors
 from ..config import LlamaConfig
 from ..errors import ModelFormatError, ModelNotFoundError
-from ..formats.hf import FLOAT_DTYPES, HFCheckpoint, config_from_hf, expected_shapes, hf_name
+from ..formats.hf import FLOAT_DTYPES, LINEARS, BlockTensors, HFCheckpoint, config_from_hf, expected_shapes, hf_name
 from ..formats.hf_tokenizer import GGUF_TOKENIZER_FILE, HF_TOKENIZER_FILES, save_gguf_tokenizer
 from ..formats.safetensors_io import bf16_to_f32
 from ..tokenizer import Tokenizer
 
-NORMS = ("attn_norm", "ffn_norm")
-
 
 class FloatSource(ABC):
-    """A float model to quantize. Block tensors use perfx names (attn_norm, wq, ..., w_down), (out, in) layout."""
+    """A float model to quantize. Block tensors use perfx names (attn_norm, wq, ..., w_down, and the family's
+    optional ones: bq, q_norm, post_attn_norm ...; formats.hf.expected_shapes), (out, in) layout, norm weights as
+    applied (Gemma's 1 added)."""
 
     config: LlamaConfig
     description: str
@@ -61,32 +64,45 @@ class FloatSource(ABC):
 
 
 class HFSource(FloatSource):
+    """A Hugging Face float checkpoint of any family perfx runs, read as the loader reads it (formats.hf):
+    Phi-3's fused projections split, Gemma's norms with their 1 added."""
+
     def __init__(self, directory: Path):
         self.ckpt = HFCheckpoint(directory)
         self.dir = directory
         self.config = config_from_hf(self.ckpt.raw_config, str(directory))
+        self.family = family_named(self.config.arch)
         self.description = f"Hugging Face directory {directory.name}"
         self._tied = self.config.tied_embeddings or hf_name("output") not in self.ckpt
         if self._tied and not self.config.tied_embeddings:
             from dataclasses import replace
 
             self.config = replace(self.config, tied_embeddings=True)
+        self.blocks = BlockTensors(self.ckpt, self.family, self.config)
         self._check_all()
 
     def _check_all(self) -> None:
-        shapes = expected_shapes(self.config)
         vocab = (self.config.vocab_size, self.config.dim)
         names = [(hf_name("token_embedding"), vocab), (hf_name("norm"), (self.config.dim,))]
         if not self._tied:
             names.append((hf_name("output"), vocab))
-        names += [(hf_name(n, i), s) for i in range(self.config.n_layers) for n, s in shapes.items()]
         for name, shape in names:
             self.ckpt.array(name, shape, FLOAT_DTYPES)  # raises on a missing tensor, wrong dtype or shape
+        n = self.config.n_layers
+        # A block tensor the family does not use (a bias, a norm) would be dropped and the output wrong.
+        self.ckpt.check_block_tensors(
+            {self.blocks.path(t, i) for i in range(n) for t in self.blocks.names()}, self.family.name
+        )
+        for i in range(n):
+            self.blocks.check(i)
         if not any((self.dir / f).is_file() for f in ("tokenizer.json", "tokenizer.model")):
             raise ModelFormatError(f"{self.dir} has no tokenizer.json or tokenizer.model; add the tokenizer files")
 
     def layer(self, i: int) -> dict[str, np.ndarray]:
-        tensors = {n: self.ckpt.float32(hf_name(n, i), s) for n, s in expected_shapes(self.config).items()}
+        tensors = {
+            n: self.blocks.float32(n, i) if n in LINEARS else self.blocks.vector(n, i)
+            for n in expected_shapes(self.config)
+        }
         self.ckpt.release()  # the block is copied out: let its pages of the mapped file go
         return tensors
 
@@ -112,7 +128,7 @@ class HFSource(FloatSource):
         return None if self._tied else self._f16(hf_name("output"))
 
     def norm(self) -> np.ndarray:
-        return self.ckpt.float32(hf_name("norm"), (self.config.dim,))
+        return self.ckpt.float32(hf_name("norm"), (self.config.dim,)) + np.float32(self.family.hf_norm_offset)
 
     def tokenizer(self) -> Tokenizer:
         from ..formats.hf_tokenizer import tokenizer_for_directory
@@ -127,7 +143,8 @@ class HFSource(FloatSource):
 
 
 class GGUFSource(FloatSource):
-    """Any Llama GGUF, each tensor dequantized to float32 when its block is reached (q/k rows put in HF order)."""
+    """A GGUF of any family perfx runs, each tensor dequantized to float32 when its block is reached, read as
+    gguf_loader reads it: q/k rows put in HF order where the converter permuted them, Phi-3's fused tensors split."""
 
     def __init__(self, path: Path):
         from ..gguf_file import read_gguf
@@ -136,9 +153,11 @@ class GGUFSource(FloatSource):
         self.gf = read_gguf(path)
         self.config = read_llama_config(self.gf)
         check_tensor_names(self.gf, self.config)
+        self.family = family_named(self.config.arch)
         self._loader = TensorLoader(self.gf)
-        self._q_order = hf_row_order(self.config.n_heads, self.config.head_dim)
-        self._k_order = hf_row_order(self.config.n_kv_heads, self.config.head_dim)
+        permuted = self.family.gguf_permuted_qk
+        self._q_order = hf_row_order(self.config.n_heads, self.config.head_dim) if permuted else None
+        self._k_order = hf_row_order(self.config.n_kv_heads, self.config.head_dim) if permuted else None
         self.description = f"GGUF {path.name}"
         self._embedding: np.ndarray | None = None
 
@@ -150,17 +169,37 @@ class GGUFSource(FloatSource):
     def layer(self, i: int) -> dict[str, np.ndarray]:
         c, p = self.config, f"blk.{i}."
         d, q, kv, f = c.dim, c.q_dim, c.kv_dim, c.ffn_dim
-        return {
-            "attn_norm": self._loader.vector(p + "attn_norm.weight", d),
-            "wq": self._matrix(p + "attn_q.weight", (q, d))[self._q_order],
-            "wk": self._matrix(p + "attn_k.weight", (kv, d))[self._k_order],
-            "wv": self._matrix(p + "attn_v.weight", (kv, d)),
-            "wo": self._matrix(p + "attn_output.weight", (d, q)),
-            "ffn_norm": self._loader.vector(p + "ffn_norm.weight", d),
-            "w_gate": self._matrix(p + "ffn_gate.weight", (f, d)),
-            "w_up": self._matrix(p + "ffn_up.weight", (f, d)),
-            "w_down": self._matrix(p + "ffn_down.weight", (d, f)),
-        }
+        if self.family.fused:  # Phi-3: q, k, v in attn_qkv; gate and up in ffn_up
+            qkv = self._matrix(p + "attn_qkv.weight", (q + 2 * kv, d))
+            gate_up = self._matrix(p + "ffn_up.weight", (2 * f, d))
+            w = {"wq": qkv[:q], "wk": qkv[q : q + kv], "wv": qkv[q + kv :], "w_gate": gate_up[:f], "w_up": gate_up[f:]}
+            w = {n: np.ascontiguousarray(a) for n, a in w.items()}
+        else:
+            w = {
+                "wq": self._matrix(p + "attn_q.weight", (q, d)),
+                "wk": self._matrix(p + "attn_k.weight", (kv, d)),
+                "wv": self._matrix(p + "attn_v.weight", (kv, d)),
+                "w_gate": self._matrix(p + "ffn_gate.weight", (f, d)),
+                "w_up": self._matrix(p + "ffn_up.weight", (f, d)),
+            }
+        shapes = expected_shapes(c)
+        w.update(
+            attn_norm=self._loader.vector(p + "attn_norm.weight", d),
+            wo=self._matrix(p + "attn_output.weight", (d, q)),
+            ffn_norm=self._loader.vector(p + "ffn_norm.weight", d),
+            w_down=self._matrix(p + "ffn_down.weight", (d, f)),
+        )
+        w.update({n: self._loader.vector(p + OPTIONAL_TENSORS[n][0], shapes[n][0]) for n in optional_tensors(c)})
+        if self._q_order is not None:  # the converter's interleaved-RoPE row order, undone (biases too)
+            for name, order in (
+                ("wq", self._q_order),
+                ("wk", self._k_order),
+                ("bq", self._q_order),
+                ("bk", self._k_order),
+            ):
+                if name in w:
+                    w[name] = w[name][order]
+        return {n: w[n] for n in shapes}
 
     def embedding_f16(self) -> np.ndarray:
         if self._embedding is None:
