@@ -289,7 +289,7 @@ def load(
     ``context_length`` bounds the KV cache (default: the model's, at most 4096 tokens).
     ``quantize="rtn"`` quantizes a Hugging Face float checkpoint to int4 while loading.
     ``kv_dtype`` ("float32" or "float16") is the KV cache's; None lets the backend choose (float16 on OpenCL GPUs).
-    ``prefill_chunk``: prompt tokens per forward pass; None lets the backend choose (512 on OpenCL GPUs, else 256).
+    ``prefill_chunk``: prompt tokens per forward pass; None lets the backend choose (512 on desktop GPUs, else 256).
     """
     model_path = resolve_model_path(path)
     if context_length is not None and (not isinstance(context_length, int) or context_length < 1):

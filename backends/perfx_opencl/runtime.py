@@ -239,9 +239,10 @@ class OpenCLRuntime(Runtime):
 
     @property
     def default_prefill_chunk(self) -> int:
-        """512 prompt tokens per forward pass on GPUs (llama.cpp's default micro-batch): a 256-token chunk of a
-        7B's attention is 128 work-groups on the H200's 132 compute units; 256 on CPUs."""
-        return 512 if self.device.kind == "gpu" else 256
+        """512 prompt tokens per forward pass on desktop GPUs (llama.cpp's default micro-batch): a 256-token chunk
+        of a 7B's attention is 128 work-groups on the H200's 132 compute units; 256 on CPUs and phones (the
+        adreno variant), whose memory the larger activation buffers would take."""
+        return 512 if self.device.kind == "gpu" and self.variant != "adreno" else 256
 
     @property
     def queue(self) -> Any:
