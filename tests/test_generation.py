@@ -102,6 +102,10 @@ def test_context_overflow_is_a_clear_error(smollm2):
         {"repetition_penalty": 0},
         {"max_tokens": 0},
         {"seed": -3},
+        # beyond what the engine's int32 / uint64 / float32 fields hold: refused, not wrapped or overflowed
+        {"top_k": 2**31},
+        {"seed": 2**70},
+        {"temperature": 1e308},
     ],
 )
 def test_bad_sampling_arguments(smollm2, kwargs):

@@ -137,3 +137,31 @@ def test_slow_clients_are_disconnected_after_the_header_timeout(hostile_server):
         s.settimeout(5)
         assert s.recv(1) == b""  # closed by the server after about a second
         s.close()
+
+
+def test_allowed_hosts_and_the_connection_limit(tmp_path):
+    """--allowed-hosts names the Host headers answered (instead of the loopback defaults); past
+    --limit-concurrency open connections a request gets 503 at once, and is served again once they close."""
+    path = tmp_path / "tiny.gguf"
+    write_tiny_llama_gguf(path, context_length=1024)
+    server = Server(str(path), "--limit-concurrency", "3", "--allowed-hosts", "perfx.internal,127.0.0.1")
+    try:
+        server.wait_ready()
+        body = b'{"prompt": "hi", "max_tokens": 2}'
+        assert _raw(server, body, host="perfx.internal").status_code == 200
+        assert _raw(server, body, host="localhost").status_code == 421  # a default, replaced by the list
+        idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(3)]
+        try:
+            time.sleep(0.2)
+            started = time.monotonic()
+            assert _raw(server, body).status_code == 503
+            assert time.monotonic() - started < 5
+        finally:
+            for s in idle:
+                s.close()
+        deadline = time.monotonic() + 10
+        while (status := _raw(server, body).status_code) == 503 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert status == 200
+    finally:
+        server.stop()
