@@ -6,19 +6,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from backend_availability import open_runtime_or_skip
 
 from perfx_core.backend import KVCacheSpec, Runtime
-from perfx_core.errors import BackendUnavailableError, InvalidArgumentError
-from perfx_core.plugins import get_registry
+from perfx_core.errors import InvalidArgumentError
 
 
 def _runtime(backend: str) -> Runtime:
     if backend == "opencl":
         pytest.importorskip("pyopencl", reason="pyopencl is not installed (pip install 'perfx[opencl]')")
-    try:
-        return get_registry().open_runtime(backend, None)
-    except BackendUnavailableError as exc:  # no OpenCL device at all; a broken one fails the test
-        pytest.skip(str(exc))
+    return open_runtime_or_skip(backend)  # no OpenCL device: a skip, unless CI requires OpenCL
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
