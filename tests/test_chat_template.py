@@ -90,6 +90,21 @@ def test_a_template_that_would_exhaust_cpu_or_memory_is_stopped(template, why):
     assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before) * 1024 < 700 * 2**20
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the current resident size is read from /proc")
+def test_growth_below_an_earlier_peak_is_still_stopped():
+    # A server that once loaded a large model has a high peak; a template's growth counts from now, not from it.
+    ballast = bytearray(600 << 20)
+    ballast[::4096] = b"x" * len(ballast[::4096])  # touch every page so it is resident
+    del ballast
+    doubling = (
+        "{% set ns = namespace(x='x') %}{% for i in range(40) %}{% set ns.x = ns.x ~ ns.x %}{% endfor %}{{ ns.x }}"
+    )
+    started = time.monotonic()
+    with pytest.raises(ModelFormatError, match="grew the process"):
+        render_chat(doubling, HI)
+    assert time.monotonic() - started < 2
+
+
 def test_a_render_stops_when_cancelled():
     cancel = threading.Event()
     threading.Timer(0.2, cancel.set).start()
