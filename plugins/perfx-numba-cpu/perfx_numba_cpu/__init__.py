@@ -1,17 +1,16 @@
 """perfx-numba-cpu: compiled (numba) CPU kernels that replace the NumPy backend's hot ops.
 
-- ``int4_gemv`` / ``int4_gemm`` with n <= SMALL_N: a GEMV kernel on the packed nibbles and the per-group
-  scale and bias (never the float copy), ``s * (x_g . q_g) + b * sum(x_g)`` per group, on a copy of the
-  codes laid out in blocks of 64 rows (kernels.int4_block_layout); parallel over row blocks while the
-  machine is otherwise idle, single-threaded when other processes load it (see _Machine).
-- ``int4_gemm`` with SMALL_N < n <= BATCH_N: the packed kernel too on a runtime with one KV slot (a short
-  prompt), else (batched decode) BLAS on the NumPy backend's cached float copy.
-- ``int4_gemm`` with larger n (prefill): W dequantized into a reused float32 scratch buffer (in tiles only
-  for huge matrices), then one BLAS call.
+- ``int4_gemv`` / ``int4_gemm`` with n <= SMALL_N (decode, batched decode, short prompts): a kernel on the
+  packed nibbles and the per-group scale and bias (never a float copy), ``s * (x_g . q_g) + b * sum(x_g)`` per
+  group, on a copy of the codes laid out in blocks of 64 rows (kernels.int4_block_layout), decoding each byte
+  once for kernels.TILE rows of x; parallel over row blocks while the machine is otherwise idle,
+  single-threaded when other processes load it (see _Machine).
+- ``int4_gemm`` with larger n (prefill chunks): W dequantized into a reused float32 scratch buffer (in tiles
+  only for huge matrices), then one BLAS call.
 - ``int8_gemm`` (int8 codes, a scale per group: GGUF Q8_0 and Q5_0 in float16, e.g. SmolLM2's tied
-  embedding/output, Q6_K in float32) with n <= INT8_MAX_N: a GEMV kernel on the weight's own arrays (no copy),
-  4x less memory traffic than a float32 sgemv; larger n: blocks of rows dequantized into one reused buffer for
-  BLAS. ``dense_gemm``: NumPy's BLAS.
+  embedding/output, Q6_K in float32) with n <= INT8_MAX_N: a kernel on the weight's own arrays (no copy),
+  4x less memory traffic than a float32 sgemv, each code widened once for kernels.TILE rows of x; larger n:
+  blocks of rows dequantized into one reused buffer for BLAS. ``dense_gemm``: NumPy's BLAS.
 - fused ``rmsnorm``, ``add_rmsnorm``, ``head_rmsnorm``, ``silu_mul``, ``attention_decode`` (float32 caches;
   windows, soft-capping and custom scales included), and the
   composites ``linear``, ``qkv_proj``, ``logits`` (direct dispatch), ``gate_up_silu`` and
@@ -40,16 +39,16 @@ from . import compile_notice  # noqa: F401  (announces a first compile)
 from . import kernels as K
 
 PRIORITY = 20  # above the NumPy backend (0) and perfx-lowmem-int4 (10)
-SMALL_N = 8  # up to this many rows of x, int4 matmuls run the packed kernel; above, BLAS
-# Up to this many rows (batched decode) BLAS runs on the cached float copy; beyond (prefill chunks) on a
-# per-call dequantized tile, which saves the memory of the copy. Measured (2-core VM, SmolLM2, one decode
-# step of 16 sequences): packed kernel 98 ms, float copy 56 ms, per-call dequantization slower still.
-BATCH_N = 32
+# Up to this many rows of x (any batched decode step of the default --max-running 8, a 32-sequence batch, short
+# prompts), int4 matmuls run the packed kernel; above (prefill chunks), BLAS on a per-call dequantized tile. The
+# packed kernel reads a quarter of a float copy's bytes and its cost grows by about half a GEMV per added row:
+# `python benchmarks/bench_serving.py --engine-ceiling 1,2,4,8,16,32` times batched decode per row count.
+SMALL_N = 32
 # float32 bytes of one dequantized tile for BLAS. One call per matrix is what counts: a BLAS call per small
 # tile (1 MiB) made a 256-token gate_up 6x slower than one call on the whole dequantized matrix (thread
 # hand-offs between numba's pool and OpenBLAS's, and strided output), so tiles are only for huge matrices.
 TILE_BYTES = 64 << 20
-INT8_MAX_N = 8  # the int8 GEMV kernel's rows of x; larger n is BLAS's job
+INT8_MAX_N = 32  # the int8 kernel's rows of x (as SMALL_N); larger n is BLAS's job
 # float32 bytes of the block of an int8 weight dequantized per BLAS call (n > INT8_MAX_N): bounded memory, and
 # large enough that a whole layer matrix of a small model is one call (see TILE_BYTES)
 INT8_TILE_BYTES = 16 << 20
@@ -161,22 +160,16 @@ def _f32(x):
     return x if x.dtype == np.float32 else x.astype(np.float32)
 
 
-def _packed(rt, w, n: int) -> bool:
-    """Whether an int4 matmul of ``n`` rows runs the packed kernel. Up to SMALL_N rows always; up to BATCH_N too
-    on a runtime with one KV slot (perfx run, chat, the GUI: no batched decode ever needs the float copy) while
-    no copy exists. Measured (busy 2-core VM, SmolLM2, a 19-token prompt): packed 1.1-1.4 s for the first
-    prefill and 0.14-0.29 s after, against 4.2-4.6 s (making the copies) and 0.30-0.69 s on the copies, with
-    662 against 1,080 MB of peak RSS."""
-    if n <= SMALL_N:
-        return True
-    return n <= BATCH_N and getattr(rt, "kv_slots", 1) == 1 and w.__dict__.get("_float32") is None
+def _packed(n: int) -> bool:
+    """Whether an int4 matmul of ``n`` rows runs the packed kernel (no float copy of the weight is ever made)."""
+    return n <= SMALL_N
 
 
 def _int4_matmul(rt, x, w, out) -> None:
     layout = _int4_layout(rt, w)
     x = _f32(x)
     n = x.shape[0]
-    if _packed(rt, w, n):
+    if _packed(n):
         _run(
             K.int4_matvec,
             K.int4_matvec_serial,
@@ -187,12 +180,6 @@ def _int4_matmul(rt, x, w, out) -> None:
             x,
             out,
         )
-        return
-    if n <= BATCH_N or w.__dict__.get("_float32") is not None:
-        # Batched decode (serving): dequantizing per call would cost more than the matmul; use the NumPy
-        # backend's float copy, made once (memory for speed, only when batches this size happen). Once it
-        # exists, prefill chunks use it too (a server interleaves them with its decode steps).
-        _matmul(x, w.float32().T, out)
         return
     m, k = layout.shape
     rows = max(1, min(m, TILE_BYTES // (4 * k)))
@@ -261,7 +248,7 @@ def linear(rt, x, w, out) -> None:
 
 def gate_up_silu(rt, x, w, out) -> None:
     n, f = out.shape
-    if w.kind == "int4" and _packed(rt, w, n) and f % K.ROWS == 0:
+    if w.kind == "int4" and _packed(n) and f % K.ROWS == 0:
         layout = _int4_layout(rt, w)
         _run(
             K.int4_gate_up_silu,
@@ -281,7 +268,7 @@ def linear_add_rmsnorm(rt, x, w, residual, weight, eps, out) -> None:
     # 60 calls per SmolLM2 decode step: the generic composite (a scratch lookup, a view and two more op calls
     # each) cost ~1 ms of host time per token, more than the rest of the step's Python together.
     n = x.shape[0]
-    if w.kind == "int4" and _packed(rt, w, n):
+    if w.kind == "int4" and _packed(n):
         layout = _int4_layout(rt, w)
         _run(
             K.int4_matvec_add_rmsnorm,

@@ -101,7 +101,7 @@ def test_fused_gate_up_silu_and_both_thread_modes(plugin_env, monkeypatch, mode)
     rt = get_registry(refresh=True).open_runtime("numpy")
     w = rt.prepare_weight(weight)
     dense = w.float32().astype(np.float64)
-    for n in (1, 3):
+    for n in (1, 3, 4, 9):  # one row, a padded tile, a whole tile, tiles and a padded one
         x = rng.standard_normal((n, k)).astype(np.float32)
         out = np.empty((n, f), dtype=np.float32)
         rt.ops.gate_up_silu(x, w, out)
@@ -167,7 +167,7 @@ def test_int8_gemm_runs_on_the_weights_own_arrays(plugin_env, monkeypatch, mode)
     assert "int8" in rt.weight_formats
     w = rt.prepare_weight(weight)
     values = dequantize(weight, np.float64)
-    for n in (1, 3, 8, 9, 40):
+    for n in (1, 2, 3, 8, 9, 40):
         x = rng.standard_normal((n, k)).astype(np.float32)
         for op in ("int8_gemm", "linear", "logits"):
             out = np.full((n, m), np.nan, dtype=np.float32)
@@ -209,17 +209,24 @@ def test_model_logits_match_numpy_backend(plugin_env):
     assert nmse < 1e-5, nmse
 
 
-def test_a_short_prompt_on_one_slot_keeps_weights_packed(plugin_env):
-    """perfx run's case: a 19-token prompt on a one-slot model runs the packed kernels and makes no float copy
-    (0.4 GB and seconds on SmolLM2); a model with several slots (a server batching decode) still makes them."""
+def test_prompts_and_batched_decode_keep_weights_packed(plugin_env):
+    """A 19-token prompt and a decode step of 4 sequences run the packed kernels and make no float copy of a weight
+    (0.4 GB and seconds on SmolLM2), on one KV slot (perfx run) or several (a server); the batched step's logits
+    equal those of each sequence decoded alone."""
     import perfx_core
 
     ids = np.random.default_rng(1).integers(0, 49152, 19).tolist()
-    for slots, copies in ((1, False), (4, True)):
-        model = perfx_core.load(None, n_slots=slots)
+    for slots in (1, 4):
+        model = perfx_core.load(None, n_slots=slots, context_length=64)
         try:
-            model.engine.prefill(ids, slot=0)
-            made = [layer.w_qkv.__dict__.get("_float32") is not None for layer in model.engine.layers]
-            assert all(made) if copies else not any(made), (slots, made)
+            engine = model.engine
+            for slot in range(slots):
+                engine.prefill(ids[: 10 + slot], slot=slot)
+            tokens, positions = [7, 8, 9, 10][:slots], [10 + slot for slot in range(slots)]
+            batched = engine.decode(tokens, list(range(slots)), positions)
+            alone = [engine.decode([t], [slot], [p]) for slot, (t, p) in enumerate(zip(tokens, positions, strict=True))]
+            np.testing.assert_allclose(batched, np.concatenate(alone), rtol=2e-4, atol=2e-4)
+            made = [layer.w_qkv.__dict__.get("_float32") is not None for layer in engine.layers]
+            assert not any(made), (slots, made)
         finally:
             model.close()
