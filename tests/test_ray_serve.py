@@ -3,8 +3,9 @@ cluster of 2 CPUs (one for the module: each start costs seconds), half a CPU per
 
 The single server's tests of routes, streaming and bad input run here too, against the Ray deployment (imported
 from tests/test_serving.py, with this module's `server`). Then: both replicas serve, a conversation stays on the
-replica that caches its prefix, /metrics adds the replicas up, a replica killed mid-stream, scaling 1 -> 2 -> 1
-under load, and the `perfx serve --ray` command joining the cluster.
+replica that caches its prefix and moves to the least-loaded one while that replica is full, the guard's Host and
+Content-Type checks at the ingress, /metrics adds the replicas up, a replica killed mid-stream, scaling 1 -> 2 -> 1
+under load, 429 once every replica's queue is full, and the `perfx serve --ray` command joining the cluster.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 
 import httpx
 import openai
@@ -29,6 +31,7 @@ from test_serving import (  # noqa: F401  (fixtures and tests, collected here ag
     SERVER_ENV,
     Server,
     _free_port,
+    _streaming_request,
     client,
     greedy,
     reference,
@@ -41,6 +44,7 @@ from test_serving import (  # noqa: F401  (fixtures and tests, collected here ag
     test_greedy_completion_equals_generate,
     test_load_generator_measures_a_real_server,
     test_malformed_json_is_400,
+    test_stop_string_ends_with_stop,
     test_streamed_completion_with_usage,
 )
 
@@ -85,8 +89,8 @@ class RayServer:
         return found
 
 
-def _deploy(settings: ReplicaSettings) -> None:
-    serve.run(build_app(CONFIG, settings, bundled_model=True), name=APP_NAME, route_prefix="/")
+def _deploy(settings: ReplicaSettings, config: ServerConfig = CONFIG) -> None:
+    serve.run(build_app(config, settings, bundled_model=True), name=APP_NAME, route_prefix="/")
 
 
 def _wait_for(predicate, timeout: float, what: str, every: float = 0.2):
@@ -190,6 +194,68 @@ def test_a_conversation_stays_on_the_replica_caching_its_prefix(server):
             messages = [*messages, {"role": "assistant", "content": reply}, {"role": "user", "content": "Why?"}]
     # Two later turns of each of three conversations found their history cached: many tokens, not a few.
     assert server.metrics()["perfx_prompt_tokens_cached_total"] - cached_before >= 6 * 20
+
+
+def test_a_prefix_whose_replica_is_full_goes_to_the_least_loaded(server):
+    """While the replica a prefix belongs to has --max-running (4) requests running and the other fewer, a request
+    with that prefix goes to the other replica instead of waiting for a slot; once they end, back to its own."""
+    replicas = list(server.replicas())
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 4, "temperature": 0}
+    affine = rank_by_affinity(prefix_key("/v1/completions", json.dumps(body).encode()), replicas)[0]
+    other = next(r for r in replicas if r != affine)
+
+    def served_by() -> str:
+        response = httpx.post(server.url + "/v1/completions", json=body, headers=server.headers, timeout=120)
+        assert response.status_code == 200, response.text
+        return response.headers["x-perfx-replica"]
+
+    assert served_by() == affine
+    opened = []
+    try:
+        for _ in range(CONFIG.max_running):  # long streams of the same prompt, each read to its first token
+            opened.append(_streaming_request(server))
+        assert [response.headers["x-perfx-replica"] for _, response, _ in opened] == [affine] * CONFIG.max_running
+        assert served_by() == other
+    finally:
+        for http, response, _ in opened:
+            response.close()
+            http.close()
+    _wait_for(lambda: server.metrics()["perfx_requests_running"] == 0, 60, "the streams' slots freed")
+    assert served_by() == affine
+
+
+def test_foreign_hosts_and_bodies_not_sent_as_json_are_refused_at_the_ingress(server):
+    """The ingress applies the single server's guard before a replica is chosen: a Host that is not a loopback name
+    (DNS rebinding) is 421, a body sent as text/plain (a cross-site form) 415. Bodies that are JSON only in name
+    (nesting past the parser's depth, a 5000-digit number, a lone surrogate) get through the ingress's prefix key
+    to a replica's 400, as on one server (tests/test_serving_hostile.py)."""
+
+    def post(content: bytes, content_type: str = "application/json", host: str | None = None) -> httpx.Response:
+        headers = {**server.headers, "Content-Type": content_type} | ({"Host": host} if host else {})
+        return httpx.post(server.url + "/v1/completions", content=content, headers=headers, timeout=60)
+
+    body = json.dumps({"model": MODEL, "prompt": PROMPT, "max_tokens": 2}).encode()
+    port = server.url.rsplit(":", 1)[1]
+    for host in (None, f"localhost:{port}", "[::1]"):
+        response = post(body, host=host)
+        assert response.status_code == 200, (host, response.text)
+        assert response.headers["x-perfx-replica"] in server.replicas()
+    for response, status, code in (
+        (post(body, host="attacker.example"), 421, "host_not_allowed"),
+        (post(body, host=f"attacker.example:{port}"), 421, "host_not_allowed"),
+        (post(body, content_type="text/plain"), 415, "unsupported_media_type"),
+    ):
+        assert response.status_code == status, response.text
+        assert response.json()["error"]["code"] == code and response.headers["x-perfx-replica"] == "ingress"
+    for content, message in (
+        (b"[" * 100_000 + b"]" * 100_000, "nested deeper"),
+        (b'{"prompt": "hi", "seed": ' + b"7" * 5000 + b"}", "unreadable number"),
+        (b'{"prompt": "\\ud800"}', "surrogate"),
+    ):
+        response = post(content)
+        assert response.status_code == 400, response.text
+        assert message in response.json()["error"]["message"]
+        assert response.headers["x-perfx-replica"] in server.replicas()
 
 
 def test_metrics_add_up_across_replicas(server):
@@ -324,13 +390,46 @@ def test_scaling_from_one_to_two_and_back_under_load_loses_nothing(server):
         assert after.get(name, 0) == before.get(name, 0), name  # nothing cut short, nothing sent twice
 
 
+def test_429_once_every_replica_queue_is_full(server):
+    """As on one server (test_serving.test_full_queue_is_429), on two replicas of --max-running 1 --max-queue 1:
+    two streams run (the second finds its prefix's replica full and takes the other), two wait (one on each), and
+    the next request is refused with 429 queue_full by a replica, not held in Ray's queues."""
+    _deploy(TWO, replace(CONFIG, max_running=1, max_queue=1))
+    _wait_for(
+        lambda: (m := server.metrics()).get("perfx_replicas") == 2 and m["perfx_kv_cache_slots_total"] == 2,
+        120,
+        "two replicas of one slot each",
+    )
+    replicas = server.replicas()
+    opened = []
+    try:
+        opened += [_streaming_request(server) for _ in range(2)]  # run
+        opened += [_streaming_request(server, wait_first_token=False) for _ in range(2)]  # wait for a slot
+        assert sorted(response.headers["x-perfx-replica"] for _, response, _ in opened) == sorted(2 * list(replicas))
+        response = httpx.post(
+            server.url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 4}, headers=server.headers, timeout=20
+        )
+        assert response.status_code == 429, response.text
+        assert response.json()["error"]["code"] == "queue_full" and response.headers["x-perfx-replica"] in replicas
+        metrics = server.metrics()
+        for replica in replicas:
+            assert metrics[f'perfx_replica_requests_running{{replica="{replica}"}}'] == 1
+            assert metrics[f'perfx_replica_requests_waiting{{replica="{replica}"}}'] == 1
+    finally:
+        for http, response, _ in opened:
+            response.close()
+            http.close()
+
+
 def test_the_command_joins_the_cluster_and_leaves_it_on_sigint(server):
     """`perfx serve --ray --ray-address ...` from another process deploys into the running cluster (its Serve
-    keeps the port it has) and removes its application on Ctrl-C."""
+    keeps the port it has), with its --allowed-hosts in place of the loopback names, and removes its application
+    on Ctrl-C."""
     address = ray.get_runtime_context().gcs_address
     port = server.url.rsplit(":", 1)[1]
     command = [sys.executable, "-m", "perfx_core.serving", "--ray", "--ray-address", address, "--port", port]
     command += ["--replicas", "1", "--replica-cpus", "0.5", "--context", "256", "--max-running", "2"]
+    command += ["--allowed-hosts", "perfx.internal,127.0.0.1"]
     # This process's environment as Ray left it (its token authentication mode), less the API key.
     env = {k: v for k, v in os.environ.items() if k != "PERFX_API_KEY"} | REPLICA_ENV
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
@@ -350,6 +449,10 @@ def test_the_command_joins_the_cluster_and_leaves_it_on_sigint(server):
         models = httpx.get(server.url + "/v1/models", timeout=30)  # the command's deployment: no API key
         assert models.status_code == 200 and models.json()["data"][0]["max_model_len"] == 256
         assert models.headers["x-perfx-replica"] in server.replicas()
+        named = httpx.get(server.url + "/v1/models", headers={"Host": "perfx.internal"}, timeout=30)
+        assert named.status_code == 200 and named.headers["x-perfx-replica"] in server.replicas()
+        default = httpx.get(server.url + "/v1/models", headers={"Host": "localhost"}, timeout=30)
+        assert default.status_code == 421  # a loopback default, replaced by the list
         process.send_signal(signal.SIGINT)
         assert process.wait(60) == 0
     finally:
