@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from backend_availability import open_runtime_or_skip
 from tiny_gguf import write_tiny_llama_gguf
 
 pytest.importorskip("pyopencl", reason="pyopencl is not installed (pip install 'perfx[opencl]')")
-
-from perfx_opencl.backend import OpenCLBackend  # noqa: E402
 
 from perfx_core.gguf_loader import load_llama_gguf  # noqa: E402
 from perfx_core.weights import BlockWeight, Int4Weight, concat_rows  # noqa: E402
@@ -18,7 +17,7 @@ from perfx_core.weights import BlockWeight, Int4Weight, concat_rows  # noqa: E40
 
 @pytest.fixture(scope="module")
 def runtime():
-    rt = OpenCLBackend().open()
+    rt = open_runtime_or_skip("opencl")
     yield rt
     rt.close()
 
