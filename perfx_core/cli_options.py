@@ -11,7 +11,8 @@ from typing import Any
 from .errors import InvalidArgumentError
 from .sampling import SamplingParams
 
-# Spellings the context option had before it had one name; still accepted, not shown in --help.
+# Other names of --context: commands written with them (llama.cpp's --ctx-size among them) keep working, and
+# --help lists the one name.
 CONTEXT_ALIASES = ("--context-length", "--ctx", "--ctx-size")
 
 
@@ -62,7 +63,7 @@ def sampling_value(name: str, convert: Callable[[str], Any]) -> Callable[[str], 
 
 
 def add_context_option(parser: argparse.ArgumentParser, help: str, default: int | None = None) -> None:
-    """``--context N``, the one name of the KV-cache length in every command; old spellings stay as hidden aliases."""
+    """``--context N``, the one name of the KV-cache length in every command; CONTEXT_ALIASES are hidden aliases."""
     parser.add_argument("--context", "-c", metavar="N", type=positive_int, default=default, help=help)
     parser.add_argument(
         *CONTEXT_ALIASES, dest="context", type=positive_int, default=argparse.SUPPRESS, help=argparse.SUPPRESS
