@@ -105,7 +105,8 @@ def run_bench(
         prompt = rng.integers(0, model.config.vocab_size, size=prompt_tokens).tolist()
 
         warm_start = progress.begin("warming up (first calls build kernels and weight layouts)")
-        _timed_run(engine, prompt[: min(prompt_tokens, 16)], 3, profile=False)
+        # At most gen_tokens: the context holds prompt_tokens + gen_tokens positions and no more.
+        _timed_run(engine, prompt[: min(prompt_tokens, 16)], min(gen_tokens, 3), profile=False)
         warmup_s = time.perf_counter() - warm_start
         progress.end("warmed up", warm_start)
         load_stats = dict(getattr(engine.rt, "load_stats", {}))  # the backend's share of load_s and warmup_s

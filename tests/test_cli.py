@@ -81,6 +81,15 @@ def test_check_backend_numpy_passes():
     assert report["passed"] is True
 
 
+@pytest.mark.parametrize("prompt_tokens, gen_tokens", [(16, 1), (1, 2), (16, 2)])
+def test_bench_fits_its_warm_up_in_the_context_it_asks_for(prompt_tokens, gen_tokens):
+    from perfx_core.bench import run_bench
+
+    report = run_bench(None, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, repeat=1)
+    assert report["prefill_tokens_per_s"] > 0
+    assert (report["decode_tokens_per_s"] is None) == (gen_tokens == 1)
+
+
 def test_bench_prints_json_and_a_table_like_llama_bench(smollm2_path):
     from perfx_core.bench_table import format_report
     from perfx_core.gguf_file import read_gguf
