@@ -230,3 +230,25 @@ def test_prompts_and_batched_decode_keep_weights_packed(plugin_env):
             assert not any(made), (slots, made)
         finally:
             model.close()
+
+
+def test_the_rows_benchmark_times_this_plugins_kernels():
+    """benchmarks/bench_cpu_rows.py (the figures in the kernels' docstrings) runs and times the plugin's op."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_cpu_rows.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--rows", "1,5", "--shape", "int4:192x64", "--shape", "int8:100x64"]
+        + ["--repeat", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    points = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(p["shape"], p["rows"]) for p in points] == [(s, n) for s in ("int4:192x64", "int8:100x64") for n in (1, 5)]
+    assert all(p["op"].startswith(PLUGIN) and p["us_per_call"] > 0 for p in points)
+    assert [p["per_row_vs_one_row"] for p in points][::2] == [1.0, 1.0]
