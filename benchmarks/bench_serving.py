@@ -8,7 +8,8 @@
 
 Prints a table per concurrency level: requests, failures, requests/s, output tokens/s, TTFT p50/p99 and inter-token
 latency p50/p99 (ms), the share of the wall time the engine was busy, the scheduler's steps by kind, the server's
-own inter-token p50/p99; then the c16 / c1 ratios of tokens/s and p99 inter-token latency (--json: all as JSON).
+own inter-token p50/p99; then each level's ratios to concurrency 1 of tokens/s and p99 inter-token latency
+(--json: all as JSON).
 
 Bounded on purpose: a fixed number of streaming /v1/completions requests per concurrency level (greedy,
 ``ignore_eos`` so every request generates exactly --max-tokens tokens), no new requests after --time-limit
@@ -28,6 +29,7 @@ import asyncio
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -167,7 +169,7 @@ def run_level(
     ttft = [r.ttft_s for r in ok]
     gaps = [g for r in ok for g in r.gaps_s]
 
-    def pct(values: list[float], q: float) -> float | None:  # ms, to 0.01: the c16 / c1 ratio is taken from these
+    def pct(values: list[float], q: float) -> float | None:  # ms, to 0.01: the ratios to c1 are taken from these
         return round(float(np.percentile(values, q)) * 1e3, 2) if values else None
 
     return {
@@ -187,8 +189,9 @@ def run_level(
     }
 
 
-def engine_ceiling(model: str | None, backend: str, batches: list[int], steps: int = 8) -> dict:
-    """Decode tokens/s of the bare engine (no server) at each batch size: the most batching can give."""
+def engine_ceiling(model: str | None, backend: str, batches: list[int], steps: int = 16, repeat: int = 3) -> dict:
+    """Decode tokens/s of the bare engine (no server) at each batch size, the median of ``repeat`` timings of
+    ``steps`` steps: the most batching can give."""
     import perfx_core
 
     m = perfx_core.load(model, backend=backend, n_slots=max(batches), context_length=64)
@@ -198,10 +201,13 @@ def engine_ceiling(model: str | None, backend: str, batches: list[int], steps: i
             for slot in range(b):
                 m.engine.prefill([1, 2, 3], slot, 0)
             m.engine.decode([5] * b, list(range(b)), [3] * b)  # warm-up
-            start = time.perf_counter()
-            for i in range(steps):
-                m.engine.decode([5] * b, list(range(b)), [4 + i] * b)
-            out[f"batch_{b}_tokens_per_s"] = round(b * steps / (time.perf_counter() - start), 1)
+            rates = []
+            for _ in range(repeat):
+                start = time.perf_counter()
+                for i in range(steps):
+                    m.engine.decode([5] * b, list(range(b)), [4 + i] * b)
+                rates.append(b * steps / (time.perf_counter() - start))
+            out[f"batch_{b}_tokens_per_s"] = round(statistics.median(rates), 1)
     finally:
         m.close()
     return out
@@ -488,10 +494,13 @@ def main() -> int:
             print(f"concurrency {c} vs 1: {speedup:.2f}x output tokens/s, p99 inter-token latency {itl_ratio:.2f}x")
     print(f"largest decode batch the server ran: {max_batch}")
     if ceiling:
-        first = next(iter(ceiling.values()))
+        base = ceiling.get("batch_1_tokens_per_s")
         print(
             "bare engine decode (the ceiling): "
-            + ", ".join(f"{v} tokens/s at batch {k.split('_')[1]} ({v / first:.2f}x)" for k, v in ceiling.items())
+            + ", ".join(
+                f"{v} tokens/s at batch {k.split('_')[1]}" + (f" ({v / base:.2f}x batch 1)" if base else "")
+                for k, v in ceiling.items()
+            )
         )
     if args.trace_steps:
         print(f"scheduler steps (trace in {args.trace_steps}):", flush=True)

@@ -4,9 +4,12 @@ Chat templates are code from model files. Jinja's sandbox stops attribute escape
 for minutes or builds gigabytes. Here a render is watched while it runs:
 - time and cancellation: a trace function on the rendering thread, called on each line of the compiled template
   (and only there: other frames are not traced), raises once the deadline passes or the caller cancels;
-- memory: the same check stops the render once the process's resident memory has grown by more than
+- memory: the same check stops the render once the process's anonymous resident memory has grown by more than
   ``max_memory_bytes`` since it began (the current figure from /proc/self/statm, one ~2 us read per template line;
-  elsewhere the peak from getrusage, which misses growth below an earlier peak);
+  elsewhere the peak from getrusage, which misses growth below an earlier peak). The figure is the process's:
+  another thread allocating hundreds of MiB during a render (a model loading) counts against it too, a price
+  for a check cheap enough to run on every line (tracemalloc would see only the render's own allocations, at
+  several times a render's cost);
 - output: the rendered text is taken in pieces and stops at ``max_chars``;
 - single operations that would allocate a lot at once (``'x' * 10**9``, ``2 ** 10**9``, widths like ``'%999999999d'``
   or ``center(10**9)``) are refused before they run.
@@ -96,19 +99,29 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
 
 
 def _resident_reader() -> tuple[Callable[[], int], Callable[[], None]]:
-    """A function returning the process's resident bytes now, and one that releases what it holds."""
+    """A function returning the process's anonymous resident bytes now (resident minus file-backed pages, so a
+    memory-mapped model file being read does not count), and one that releases what it holds."""
     try:
         fd = os.open("/proc/self/statm", os.O_RDONLY)
     except OSError:  # not Linux: the peak is what there is
         return (lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * _RSS_UNIT), (lambda: None)
-    return (lambda: int(os.pread(fd, 128, 0).split()[1]) * _PAGE), (lambda: os.close(fd))
+
+    def anonymous() -> int:
+        fields = os.pread(fd, 128, 0).split()
+        return (int(fields[1]) - int(fields[2])) * _PAGE
+
+    return anonymous, (lambda: os.close(fd))
 
 
 def render_within(template: jinja2.Template, variables: Mapping[str, Any], budget: RenderBudget) -> str:
     """``template.render(**variables)``, stopped with RenderBudgetExceeded once it exceeds ``budget``."""
     deadline = time.monotonic() + budget.seconds
     resident, release = _resident_reader()
-    resident_start = resident()
+    try:
+        resident_start = resident()
+    except BaseException:
+        release()
+        raise
     cancelled = budget.cancelled
 
     def on_line(frame: Any, event: str, arg: Any) -> Any:

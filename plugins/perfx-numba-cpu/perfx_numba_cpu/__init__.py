@@ -316,8 +316,9 @@ def attention_decode(rt, qkv, cache, layer, slots, positions, rope, spec, out) -
     args += (spec.n_heads, spec.n_kv_heads, spec.head_dim)
     args_tail = (np.float32(spec.score_scale), spec.window or 0, np.float32(spec.softcap or 0.0), out)
     if len(slots) > SMALL_N:
-        # This step's matmuls run in BLAS (see _int4_matmul): numba's pool, spinning after a parallel region,
-        # would take the cores from BLAS's threads (a 16-sequence step measured 260 ms against 56 ms).
+        # Past SMALL_N rows this step's matmuls run in BLAS (see _int4_matmul): numba's pool, spinning after a
+        # parallel region, would take the cores from BLAS's threads (a 16-row step on BLAS measured 260 ms against
+        # 56 ms when that was the 16-row path).
         K.attention_decode_serial(*args, 1, *args_tail)
         return
     # max over a list: positions has at most SMALL_N rows here, and ndarray.max costs ~3 us (30 calls a step)

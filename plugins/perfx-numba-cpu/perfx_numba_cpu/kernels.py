@@ -42,6 +42,9 @@ ROWS = 64  # rows per block of the GEMV layout: the vectorized loop runs across 
 # Rows of x one pass over a weight column serves in the multi-row kernels (batched decode): decoding a byte's
 # nibbles costs more than the two multiply-adds a row of x adds to it, so it is done once for TILE rows.
 TILE = 4
+# Up to this many rows the int4 kernels go row by row: two rows padded to a tile of four cost 1.05-1.25x what two
+# single-row passes cost (3072 x 576, one thread).
+ROW_BY_ROW = 2
 
 
 def int4_block_layout(packed, scale, bias):
@@ -68,12 +71,12 @@ def int4_block_layout(packed, scale, bias):
 @njit(fastmath=FM, cache=True, nogil=True)
 def _split_x(x, groups):
     """x (n, k) -> its even columns, its odd columns (n', k/2) and its per-group sums (n', groups), where n' is n
-    for one row and n rounded up to whole TILEs of rows (zero rows) for more: the multi-row kernels then need no
-    remainder loop."""
+    up to ROW_BY_ROW rows and n rounded up to whole TILEs of rows (zero rows) beyond: the multi-row kernels then
+    need no remainder loop."""
     n, k = x.shape
     half = k // 2
     hg = half // groups
-    padded = n if n == 1 else (n + TILE - 1) // TILE * TILE
+    padded = n if n <= ROW_BY_ROW else (n + TILE - 1) // TILE * TILE
     xe = np.zeros((padded, half), dtype=np.float32)
     xo = np.zeros((padded, half), dtype=np.float32)
     xs = np.zeros((padded, groups), dtype=np.float32)
@@ -174,20 +177,21 @@ def int4_matvec(codes, scales, biases, x, out):
 
     W in int4_block_layout. Per group: ``s * (x_g . q_g) + b * sum(x_g)``; x is split once per call into
     its even and odd columns (the low and high nibbles of a byte) and its group sums. Parallel over blocks;
-    more than one row of x goes TILE rows at a time (_block_dot_tile). At SmolLM2's shapes on one thread a row
+    more than ROW_BY_ROW rows of x go TILE rows at a time (_block_dot_tile). At SmolLM2's shapes on one thread a row
     of a 4-16 row batch costs 0.48-0.73 of a lone row's time (`PERFX_NUMBA_PARALLEL=never python
     benchmarks/bench_cpu_rows.py`; one row at a time, it cost 1.0).
     """
     blocks, half, rows = codes.shape
     n, m = out.shape
     xe, xo, xs = _split_x(x, scales.shape[1])
-    if n == 1:
+    if n <= ROW_BY_ROW:
         for b in prange(blocks):
             acc = np.empty(rows, dtype=np.float32)
             d = np.empty(rows, dtype=np.float32)
-            _block_dot(codes[b], scales[b], biases[b], xe[0], xo[0], xs[0], acc, d)
-            for r in range(b * rows, min(m, b * rows + rows)):
-                out[0, r] = acc[r - b * rows]
+            for j in range(n):
+                _block_dot(codes[b], scales[b], biases[b], xe[j], xo[j], xs[j], acc, d)
+                for r in range(b * rows, min(m, b * rows + rows)):
+                    out[j, r] = acc[r - b * rows]
         return
     for b in prange(blocks):
         acc = np.empty((TILE, rows), dtype=np.float32)
@@ -213,13 +217,14 @@ def int4_matvec_add_rmsnorm(codes, scales, biases, x, residual, weight, eps, out
     n, m = out.shape
     xe, xo, xs = _split_x(x, scales.shape[1])
     delta = np.empty((n, blocks * rows), dtype=np.float32)
-    if n == 1:
+    if n <= ROW_BY_ROW:
         for b in prange(blocks):
             acc = np.empty(rows, dtype=np.float32)
             d = np.empty(rows, dtype=np.float32)
-            _block_dot(codes[b], scales[b], biases[b], xe[0], xo[0], xs[0], acc, d)
-            for t in range(rows):
-                delta[0, b * rows + t] = acc[t]
+            for j in range(n):
+                _block_dot(codes[b], scales[b], biases[b], xe[j], xo[j], xs[j], acc, d)
+                for t in range(rows):
+                    delta[j, b * rows + t] = acc[t]
     else:
         for b in prange(blocks):
             acc = np.empty((TILE, rows), dtype=np.float32)
@@ -252,16 +257,17 @@ def int4_gate_up_silu(codes, scales, biases, x, out):
     n, f = out.shape
     fb = f // rows
     xe, xo, xs = _split_x(x, scales.shape[1])
-    if n == 1:
+    if n <= ROW_BY_ROW:
         for b in prange(fb):
             acc_g = np.empty(rows, dtype=np.float32)
             acc_u = np.empty(rows, dtype=np.float32)
             d = np.empty(rows, dtype=np.float32)
-            _block_dot(codes[b], scales[b], biases[b], xe[0], xo[0], xs[0], acc_g, d)
-            _block_dot(codes[b + fb], scales[b + fb], biases[b + fb], xe[0], xo[0], xs[0], acc_u, d)
-            for t in range(rows):
-                g = acc_g[t]
-                out[0, b * rows + t] = g / (F32(1.0) + math.exp(-g)) * acc_u[t]
+            for j in range(n):
+                _block_dot(codes[b], scales[b], biases[b], xe[j], xo[j], xs[j], acc_g, d)
+                _block_dot(codes[b + fb], scales[b + fb], biases[b + fb], xe[j], xo[j], xs[j], acc_u, d)
+                for t in range(rows):
+                    g = acc_g[t]
+                    out[j, b * rows + t] = g / (F32(1.0) + math.exp(-g)) * acc_u[t]
         return
     for b in prange(fb):
         acc_g = np.empty((TILE, rows), dtype=np.float32)

@@ -101,7 +101,7 @@ def test_fused_gate_up_silu_and_both_thread_modes(plugin_env, monkeypatch, mode)
     rt = get_registry(refresh=True).open_runtime("numpy")
     w = rt.prepare_weight(weight)
     dense = w.float32().astype(np.float64)
-    for n in (1, 3, 4, 9):  # one row, a padded tile, a whole tile, tiles and a padded one
+    for n in (1, 2, 3, 4, 9):  # one row, two row by row, a padded tile, a whole tile, tiles and a padded one
         x = rng.standard_normal((n, k)).astype(np.float32)
         out = np.empty((n, f), dtype=np.float32)
         rt.ops.gate_up_silu(x, w, out)
@@ -111,6 +111,13 @@ def test_fused_gate_up_silu_and_both_thread_modes(plugin_env, monkeypatch, mode)
         full = np.empty((n, 2 * f), dtype=np.float32)
         rt.ops.linear(x, w, full)
         np.testing.assert_allclose(full, gate_up, rtol=1e-4, atol=1e-4)
+        residual = rng.standard_normal((n, 2 * f)).astype(np.float32)
+        norm_weight = rng.uniform(0.5, 1.5, 2 * f).astype(np.float32)
+        summed = residual.astype(np.float64) + gate_up
+        normed = summed / np.sqrt(np.mean(summed**2, axis=1, keepdims=True) + 1e-5) * norm_weight
+        rt.ops.linear_add_rmsnorm(x, w, residual, norm_weight, 1e-5, full)
+        np.testing.assert_allclose(residual, summed, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(full, normed, rtol=1e-4, atol=1e-4)
     # The kit again with every kernel that has a parallel and a single-threaded version forced to one.
     assert_backend_conforms(
         "numpy",
