@@ -171,6 +171,30 @@ def _block_dot_tile(codes_b, scales_b, biases_b, xe, xo, xs, j0, acc, d):
             a3[t] += sg[t] * d3[t] + bg[t] * x3
 
 
+@njit(fastmath=FM, cache=True, nogil=True)
+def _block_into(codes_b, scales_b, biases_b, xe, xo, xs, n, dst, c0, c1):
+    """dst[j, c0:c1] = the block's first c1 - c0 rows . x row j, for the n rows of x: row by row up to ROW_BY_ROW
+    rows, TILE rows at a time beyond (xe, xo, xs from _split_x)."""
+    rows = codes_b.shape[1]
+    if n <= ROW_BY_ROW:
+        acc = np.empty(rows, dtype=np.float32)
+        d = np.empty(rows, dtype=np.float32)
+        for j in range(n):
+            _block_dot(codes_b, scales_b, biases_b, xe[j], xo[j], xs[j], acc, d)
+            for c in range(c0, c1):
+                dst[j, c] = acc[c - c0]
+        return
+    acc = np.empty((TILE, rows), dtype=np.float32)
+    d = np.empty((TILE, rows), dtype=np.float32)
+    for j0 in range(0, n, TILE):
+        _block_dot_tile(codes_b, scales_b, biases_b, xe, xo, xs, j0, acc, d)
+        for jj in range(min(TILE, n - j0)):
+            drow = dst[j0 + jj]
+            arow = acc[jj]
+            for c in range(c0, c1):
+                drow[c] = arow[c - c0]
+
+
 @njit(parallel=True, fastmath=FM, cache=True, nogil=True)
 def int4_matvec(codes, scales, biases, x, out):
     """out (n, m) = x (n, k) @ W.T for W[r, c] = q[r, c] * scale[r, c // g] + bias[r, c // g].
@@ -184,27 +208,8 @@ def int4_matvec(codes, scales, biases, x, out):
     blocks, half, rows = codes.shape
     n, m = out.shape
     xe, xo, xs = _split_x(x, scales.shape[1])
-    if n <= ROW_BY_ROW:
-        for b in prange(blocks):
-            acc = np.empty(rows, dtype=np.float32)
-            d = np.empty(rows, dtype=np.float32)
-            for j in range(n):
-                _block_dot(codes[b], scales[b], biases[b], xe[j], xo[j], xs[j], acc, d)
-                for r in range(b * rows, min(m, b * rows + rows)):
-                    out[j, r] = acc[r - b * rows]
-        return
     for b in prange(blocks):
-        acc = np.empty((TILE, rows), dtype=np.float32)
-        d = np.empty((TILE, rows), dtype=np.float32)
-        r0 = b * rows
-        r1 = min(m, r0 + rows)
-        for j0 in range(0, n, TILE):
-            _block_dot_tile(codes[b], scales[b], biases[b], xe, xo, xs, j0, acc, d)
-            for jj in range(min(TILE, n - j0)):
-                orow = out[j0 + jj]
-                arow = acc[jj]
-                for r in range(r0, r1):
-                    orow[r] = arow[r - r0]
+        _block_into(codes[b], scales[b], biases[b], xe, xo, xs, n, out, b * rows, min(m, b * rows + rows))
 
 
 @njit(parallel=True, fastmath=FM, cache=True, nogil=True)
@@ -217,25 +222,8 @@ def int4_matvec_add_rmsnorm(codes, scales, biases, x, residual, weight, eps, out
     n, m = out.shape
     xe, xo, xs = _split_x(x, scales.shape[1])
     delta = np.empty((n, blocks * rows), dtype=np.float32)
-    if n <= ROW_BY_ROW:
-        for b in prange(blocks):
-            acc = np.empty(rows, dtype=np.float32)
-            d = np.empty(rows, dtype=np.float32)
-            for j in range(n):
-                _block_dot(codes[b], scales[b], biases[b], xe[j], xo[j], xs[j], acc, d)
-                for t in range(rows):
-                    delta[j, b * rows + t] = acc[t]
-    else:
-        for b in prange(blocks):
-            acc = np.empty((TILE, rows), dtype=np.float32)
-            d = np.empty((TILE, rows), dtype=np.float32)
-            for j0 in range(0, n, TILE):
-                _block_dot_tile(codes[b], scales[b], biases[b], xe, xo, xs, j0, acc, d)
-                for jj in range(min(TILE, n - j0)):
-                    drow = delta[j0 + jj]
-                    arow = acc[jj]
-                    for t in range(rows):
-                        drow[b * rows + t] = arow[t]
+    for b in prange(blocks):
+        _block_into(codes[b], scales[b], biases[b], xe, xo, xs, n, delta, b * rows, b * rows + rows)
     for j in range(n):
         res = residual[j]
         drow = delta[j]
