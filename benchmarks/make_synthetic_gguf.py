@@ -16,16 +16,7 @@ import gguf
 import numpy as np
 
 from perfx_core.gguf_file import read_gguf
-
-Q4_0_BLOCK_BYTES = 18  # float16 scale + 16 bytes of 32 nibbles
-
-
-def random_q4_0(rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
-    """Raw Q4_0 blocks (rows, cols / 32 * 18) with random codes and scales near 0.01."""
-    blocks = rng.integers(0, 256, size=(rows * cols // 32, Q4_0_BLOCK_BYTES), dtype=np.uint8)
-    scales = (0.005 + 0.01 * rng.random(rows * cols // 32, dtype=np.float32)).astype(np.float16)
-    blocks[:, :2] = scales.view(np.uint8).reshape(-1, 2)
-    return blocks.reshape(rows, cols // 32 * Q4_0_BLOCK_BYTES)
+from perfx_core.synthetic import random_q4_0
 
 
 def copy_tokenizer(writer: gguf.GGUFWriter, vocab_path: str) -> int:

@@ -150,8 +150,11 @@ class Runtime(ABC):
             buffers[(key, np.dtype(dtype).str)] = held
         return self.view(held[0], 0, shape)
 
-    def tune(self, config: Any, quick: bool = False, progress: Any = None) -> dict[str, Any]:
-        """Search kernel parameters for a model of ``config`` on this device and cache the best (`perfx tune`);
+    def tune(
+        self, config: Any, quick: bool = False, progress: Any = None, group_size: int = 128, symmetric: bool = False
+    ) -> dict[str, Any]:
+        """Search kernel parameters for a model of ``config`` whose int4 weights have ``group_size``-column
+        groups (``symmetric``: no zero point, GGUF Q4_0) on this device and cache the best (`perfx tune`);
         returns a summary. Backends without tunable kernels keep this default."""
         from .errors import InvalidArgumentError
 

@@ -413,6 +413,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_tune(args: argparse.Namespace) -> int:
     from .plugins import get_registry
 
+    form = (128, False)  # AWQ's groups: what `perfx quantize` and AutoAWQ checkpoints hold
     if args.llama2_7b:
         from .synthetic import LLAMA2_7B as config
     else:
@@ -427,14 +428,32 @@ def cmd_tune(args: argparse.Namespace) -> int:
             from .gguf_file import read_gguf
             from .gguf_loader import read_llama_config
 
-            config = read_llama_config(read_gguf(path))
+            gguf = read_gguf(path)
+            config = read_llama_config(gguf)
+            form = _gguf_weight_form(gguf)
+    group = args.group if args.group is not None else form[0]
+    symmetric = args.symmetric if args.symmetric is not None else (form[1] and group == 32)
     rt = get_registry().open_runtime(args.backend, _device_arg(args.device))
     try:
-        summary = rt.tune(config, quick=args.quick, progress=_TuneProgress(args.verbose))
+        summary = rt.tune(
+            config, quick=args.quick, progress=_TuneProgress(args.verbose), group_size=group, symmetric=symmetric
+        )
     finally:
         rt.close()
     print(json.dumps(summary, indent=2))
     return 0
+
+
+def _gguf_weight_form(gguf) -> tuple[int, bool]:
+    """(group size, symmetric) of the int4 form most of a GGUF's matmul weights load as: Q4_0 is symmetric
+    with 32-column groups, Q4_1 and Q4_K have a minimum per 32 columns; other types tune as AWQ's 128."""
+    from collections import Counter
+
+    types = Counter(
+        t.ggml_type.name for name, t in gguf.tensors.items() if name.startswith("blk.") and len(t.shape) == 2
+    )
+    main = types.most_common(1)[0][0] if types else ""
+    return {"Q4_0": (32, True), "Q4_1": (32, False), "Q4_K": (32, False)}.get(main, (128, False))
 
 
 class _TuneProgress:
@@ -512,6 +531,14 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--backend", "-b", default="opencl", help="backend to tune (default opencl)")
     tune.add_argument("--device", "-d", help="device index or name (default: the backend's best)")
     tune.add_argument("--quick", action="store_true", help="two candidates per shape (a smoke run)")
+    tune.add_argument(
+        "--group", type=int, choices=(32, 128), help="weight group size to tune for (default: the model file's)"
+    )
+    tune.add_argument(
+        "--symmetric",
+        action=argparse.BooleanOptionalAction,
+        help="weights without a zero point, as GGUF Q4_0 (default: the model file's; needs --group 32)",
+    )
     tune.add_argument("--verbose", "-v", action="store_true", help="print every timing to stderr")
     _quiet_option(tune)
     tune.set_defaults(func=cmd_tune)

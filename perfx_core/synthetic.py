@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .config import LayerWeights, LlamaConfig, LlamaWeights
-from .weights import Int4Weight
+from .weights import BlockWeight, Int4Weight
 
 LLAMA2_7B = LlamaConfig(
     vocab_size=32000,
@@ -24,6 +24,27 @@ LLAMA2_7B = LlamaConfig(
     context_length=4096,
     name="llama-2-7b-shape (random int4 weights)",
 )
+
+
+Q4_0_BLOCK_BYTES = 18  # float16 scale + 16 bytes of 32 nibbles
+
+
+def random_q4_0(rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """Raw GGUF Q4_0 blocks (rows, cols / 32 * 18) with random codes and scales near 0.01."""
+    blocks = rng.integers(0, 256, size=(rows * cols // 32, Q4_0_BLOCK_BYTES), dtype=np.uint8)
+    scales = (0.005 + 0.01 * rng.random(rows * cols // 32, dtype=np.float32)).astype(np.float16)
+    blocks[:, :2] = scales.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(rows, cols // 32 * Q4_0_BLOCK_BYTES)
+
+
+def random_q4_0_weight(rows: int, cols: int, rng: np.random.Generator) -> BlockWeight:
+    """A random weight as a GGUF Q4_0 file holds it (symmetric, 32-column groups), for runtimes that take blocks."""
+    from gguf import GGMLQuantizationType
+
+    from .gguf_blocks import q4_decoder
+
+    blocks = random_q4_0(rows, cols, rng)
+    return BlockWeight((blocks,), "q4_0", cols, lambda: Int4Weight(*q4_decoder(GGMLQuantizationType.Q4_0)(blocks), 32))
 
 
 def random_int4(rows: int, cols: int, group_size: int, rng: np.random.Generator) -> Int4Weight:

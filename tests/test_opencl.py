@@ -241,35 +241,39 @@ def test_perfx_tune_caches_per_device_and_the_runtime_uses_it(registry, tmp_path
         assert data["device"] == rt.device.name
         assert data["kernel_hash"] == tuning.kernel_hash()
         # qkv (4 heads x 32 + 2 x 2 kv heads x 32 = 256 rows), wo, gate|up (SiLU), down, logits; n = 1..16
+        # keyed by the file's weight form: Q4_0 is symmetric with 32-column groups
         assert {key.rsplit(":", 1)[0] for key in data["gemv"]} == {
-            "gemv:256x128",
-            "gemv:128x128",
-            "silu:256x128",
-            "gemv:128x256",
-            f"gemv:{vocab}x128",
+            "gemv:256x128:g32s",
+            "gemv:128x128:g32s",
+            "silu:256x128:g32s",
+            "gemv:128x256:g32s",
+            f"gemv:{vocab}x128:g32s",
         }
         assert len(data["gemv"]) == 5 * len(tuning.SMALL_NS)
-        chosen = data["gemv"]["silu:256x128:nt4"]
-        assert ops.gemv_tuning(rt, True, 256, 128, 4) == chosen  # a new runtime reads the file
+        chosen = data["gemv"]["silu:256x128:g32s:nt4"]
+        assert ops.gemv_tuning(rt, True, 256, 128, 4, "g32s") == chosen  # a new runtime reads the file
+        defaults = {**ops.GEMV_TUNING, "CR": 1, "QX": int(rt.native_int_dot)}
+        assert ops.gemv_tuning(rt, True, 256, 128, 4, "g128") == defaults  # another form's weights do not
 
         for bad in ('{"format": 1, "kernel_hash": "0", "gemv": {}}', "{not json", '{"format": 1, "gemv": 3}'):
             path.write_text(bad)
             ops.clear_plans(rt)
-            defaults = {**ops.GEMV_TUNING, "CR": 1, "QX": int(rt.native_int_dot)}
-            assert ops.gemv_tuning(rt, True, 256, 128, 4) == defaults
+            assert ops.gemv_tuning(rt, True, 256, 128, 4, "g32s") == defaults
         # Shapes that would crash or hang a launch:
         for impossible in ({"RW": 0}, {"CR": 0}, {"UC": 0}, {"XS": 2}, {"QX": 2}, {"KS": "8"}):
-            data["gemv"]["silu:256x128:nt4"] = {**chosen, **impossible}
+            data["gemv"]["silu:256x128:g32s:nt4"] = {**chosen, **impossible}
             path.write_text(json.dumps(data))
             ops.clear_plans(rt)
-            assert "silu:256x128:nt4" not in tuning.load(rt) and "silu:256x128:nt2" in tuning.load(rt)
+            tuned = tuning.load(rt)
+            assert "silu:256x128:g32s:nt4" not in tuned and "silu:256x128:g32s:nt2" in tuned
     finally:
         rt.close()
 
 
 def test_shipped_tuning_serves_its_device_until_the_user_tunes(registry, tmp_path, monkeypatch):
     """A device perfx was measured on launches with the shipped shapes (tuned/<device>-<variant>.json) without
-    `perfx tune`; an impossible shipped entry is ignored, and the user's own result for a shape wins."""
+    `perfx tune`, also for a weight form it has no entry of; an impossible shipped entry is ignored, and the
+    user's own result for a shape wins."""
     import json
 
     from perfx_opencl import ops, tuning
@@ -280,16 +284,18 @@ def test_shipped_tuning_serves_its_device_until_the_user_tunes(registry, tmp_pat
     rt = registry.open_runtime("opencl")
     try:
         name = f"{tuning._slug(rt.device.name)}-{rt.variant}.json"
-        entries = {"gemv:64x128:nt1": shipped, "gemv:32x128:nt1": {**shipped, "RW": 0}}
+        entries = {"gemv:64x128:g128:nt1": shipped, "gemv:32x128:g128:nt1": {**shipped, "RW": 0}}
         (tmp_path / "tuned").mkdir()
         (tmp_path / "tuned" / name).write_text(json.dumps({"gemv": entries}))
         defaults = {**ops.GEMV_TUNING, "QX": int(rt.native_int_dot)}
         assert ops.gemv_tuning(rt, False, 64, 128, 1) == shipped
+        assert ops.gemv_tuning(rt, False, 64, 128, 1, "g32s") == shipped  # no Q4_0 entry: the g128 one
         assert ops.gemv_tuning(rt, False, 32, 128, 1) == defaults
         mine = {**shipped, "KS": 8}
-        tuning.save(rt, {"gemv:64x128:nt1": mine})
+        tuning.save(rt, {"gemv:64x128:g32s:nt1": mine})
         ops.clear_plans(rt)
-        assert ops.gemv_tuning(rt, False, 64, 128, 1) == mine
+        assert ops.gemv_tuning(rt, False, 64, 128, 1, "g32s") == mine
+        assert ops.gemv_tuning(rt, False, 64, 128, 1) == shipped
     finally:
         rt.close()
 

@@ -151,17 +151,20 @@ def gemv_overrides() -> dict[str, int]:
     return overrides
 
 
-def gemv_tuning(rt, silu: bool, rows: int, k: int, nt: int) -> dict[str, int]:
+def gemv_tuning(rt, silu: bool, rows: int, k: int, nt: int, form: str = tuning.DEFAULT_FORM) -> dict[str, int]:
     """The int4 GEMV shape for one matmul: RW row lanes x KS k-splits per work-group, CR output columns per
     thread, UC chunks loaded together. A forced shape (tuner), else the device's `perfx tune` result for this
-    matmul (the user's, else the one shipped for the device), else the variant's default; then PERFX_OPENCL_GEMV."""
+    matmul and weight form (the user's, else the one shipped for the device; a shape tuned for another form
+    next), else the variant's default; then PERFX_OPENCL_GEMV."""
     forced = rt.__dict__.get("_forced_gemv")
     if forced is not None:
         return dict(forced)
     tuned = rt.__dict__.get("_gemv_tuned")
     if tuned is None:
         tuned = rt.__dict__["_gemv_tuned"] = {**tuning.shipped(rt), **tuning.load(rt)}
-    config = tuned.get(tuning.shape_key(silu, rows, k, nt))
+    config = tuned.get(tuning.shape_key(silu, rows, k, nt, form))
+    if config is None:
+        config = tuned.get(tuning.shape_key(silu, rows, k, nt))
     if config is None:
         config = dict(ADRENO_GEMV_TUNING if rt.variant == "adreno" else GEMV_TUNING)
         config["QX"] = int(rt.native_int_dot)
@@ -234,14 +237,22 @@ def _qx_slice(rt, config: dict[str, int], row_slots: int, nt: int, chunks: int) 
 
 
 def _gemv_plan(
-    rt, silu: bool, nt: int, rows: int, k: int, x_form: str, add_norm: bool = False, q4_0_bias: bool = False
+    rt,
+    silu: bool,
+    nt: int,
+    rows: int,
+    k: int,
+    x_form: str,
+    add_norm: bool = False,
+    q4_0_bias: bool = False,
+    group_size: int = 128,
 ) -> tuple[Any, tuple[int, int], tuple[int, int]]:
     """(kernel, global size, local size) of a GEMV launch, worked out once per shape and kept on the runtime."""
     plans = rt.__dict__.setdefault("_gemv_plans", {})
-    key = (silu, nt, rows, k, x_form, add_norm, q4_0_bias)
+    key = (silu, nt, rows, k, x_form, add_norm, q4_0_bias, group_size)
     plan = plans.get(key)
     if plan is None:
-        config = gemv_tuning(rt, silu, rows, k, nt)
+        config = gemv_tuning(rt, silu, rows, k, nt, tuning.weight_form(group_size, q4_0_bias))
         quantized = config.pop("QX", 0) == 1
         # XS=1: chunk sums of x shared in local memory (n = 1 only; the kernel is then built per k).
         xsum_chunks = k // 32 if config.pop("XS", 0) and nt == 1 and not quantized else 0
@@ -281,7 +292,9 @@ def _int4_gemv(rt, x, w, out, n, silu=False, epilogue=()):
     nt = 1 << max(0, (n - 1).bit_length())  # tokens per pass: n rounded up to a power of two
     image = rt.image_of(x)
     x_form = "image" if image is not None else ("aligned" if x.offset % 4 == 0 else "unaligned")
-    kernel, global_size, local_size = _gemv_plan(rt, silu, nt, rows, k, x_form, bool(epilogue), w.bias is None)
+    kernel, global_size, local_size = _gemv_plan(
+        rt, silu, nt, rows, k, x_form, bool(epilogue), w.bias is None, w.group_size
+    )
     x_arg = (image, x.offset) if image is not None else (x,)
     rt.launch(
         kernel,

@@ -696,9 +696,11 @@ class OpenCLRuntime(Runtime):
             private.set_args(*values)
         return private, args
 
-    def tune(self, config: Any, quick: bool = False, progress: Any = None) -> dict[str, Any]:
-        """Tune the int4 GEMV for ``config``'s matmul shapes (perfx_opencl.tuner) and cache the result."""
-        result = tuner.tune(self, config, quick=quick, progress=progress)
+    def tune(
+        self, config: Any, quick: bool = False, progress: Any = None, group_size: int = 128, symmetric: bool = False
+    ) -> dict[str, Any]:
+        """Tune the int4 GEMV for ``config``'s matmul shapes and weight form (perfx_opencl.tuner) and cache it."""
+        result = tuner.tune(self, config, quick, progress, group_size, symmetric)
         self._launches.clear()  # the candidates' launches (holding the tuner's weight copies) go
         self.tuning_generation += 1  # graphs recorded before now replay the old shapes: make them stale
         return result

@@ -13,17 +13,25 @@ from typing import Any
 import numpy as np
 
 from perfx_core.errors import BackendError, InvalidArgumentError
-from perfx_core.synthetic import cold_copies, random_int4
+from perfx_core.synthetic import cold_copies, random_int4, random_q4_0_weight
 
 from . import ops, tuning
 
 
-def tune(rt, config, quick: bool = False, progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Tune the GEMV for ``config``'s matmul shapes on ``rt`` and save the result; returns the best shapes and
-    the cache file. The caller forgets what it built with the old shapes (OpenCLRuntime.tune)."""
+def tune(
+    rt,
+    config,
+    quick: bool = False,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+    group_size: int = 128,
+    symmetric: bool = False,
+) -> dict[str, Any]:
+    """Tune the GEMV for ``config``'s matmul shapes on ``rt``, for weights of ``group_size`` (``symmetric``:
+    GGUF Q4_0, no bias array), and save the result; returns the best shapes and the cache file. The caller
+    forgets what it built with the old shapes (OpenCLRuntime.tune)."""
     # Token counts that reach the GEMV: with the matrix-unit kernel only single tokens do.
     ns = [n for n in tuning.SMALL_NS if not ops.on_matrix_units(rt, n)]
-    best = tune_gemv(rt, model_shapes(config), ns, quick=quick, progress=progress)
+    best = tune_gemv(rt, model_shapes(config), ns, quick, progress, group_size, symmetric)
     path = tuning.save(rt, best)
     ops.clear_plans(rt)  # later launches on this runtime use the new shapes
     return {"device": rt.device.name, "cache": str(path), "best": best}
@@ -68,6 +76,8 @@ def tune_gemv(
     ns: Iterable[int] = tuning.SMALL_NS,
     quick: bool = False,
     progress: Callable[[dict[str, Any]], None] | None = None,
+    group_size: int = 128,
+    symmetric: bool = False,
 ) -> dict[str, dict[str, int]]:
     """Time every candidate shape for each (silu, output columns, k) and token count; returns the best per key.
 
@@ -75,13 +85,19 @@ def tune_gemv(
     backend's own launch path (ops.gate_up_silu / int4_gemm) with the candidate forced, so
     what is measured is what a model will run.
     """
+    if symmetric and group_size != 32:
+        raise InvalidArgumentError("symmetric int4 weights (GGUF Q4_0) have 32-column groups")
     rng = np.random.default_rng(0)
     best: dict[str, dict[str, int]] = {}
     for silu, cols, k in shapes:
         if k % 32 or cols <= 0:
             raise InvalidArgumentError(f"cannot tune a {cols}x{k} int4 matmul (k must be a multiple of 32)")
+        group = group_size if k % group_size == 0 else 32
+        rows = 2 * cols if silu else cols
+        weight = random_q4_0_weight(rows, k, rng) if symmetric else random_int4(rows, k, group, rng)
+        form = tuning.weight_form(group, symmetric)
         # Copies cycled through, so each call reads its weight from memory as in a model, not from a warm L2.
-        copies = cold_copies(rt, random_int4(2 * cols if silu else cols, k, 128 if k % 128 == 0 else 32, rng))
+        copies = cold_copies(rt, weight)
         turn = itertools.count()
         for n in ns:
             x = rt.from_numpy(rng.standard_normal((n, k), dtype=np.float32))
@@ -91,7 +107,7 @@ def tune_gemv(
             def call(op=op, x=x, out=out, copies=copies, turn=turn) -> None:
                 op(rt, x, copies[next(turn) % len(copies)], out)
 
-            key = tuning.shape_key(silu, cols, k, 1 << max(0, (n - 1).bit_length()))  # per NT, as the kernels are built
+            key = tuning.shape_key(silu, cols, k, 1 << max(0, (n - 1).bit_length()), form)  # per NT, as built
             timings = []
             for config in candidates(n, quick, rt.native_int_dot):
                 try:

@@ -22,7 +22,7 @@ from perfx_core.settings import cache_dir
 
 from . import kernel_source
 
-FORMAT = 2  # 2: shapes carry QX
+FORMAT = 3  # 2: shapes carry QX; 3: keys carry the weight form
 SMALL_NS = (1, 2, 4, 8, 16)  # the GEMV kernel's token counts per pass (NT)
 # The GEMV's shape (docs/opencl.md): RW row lanes x KS k-splits, CR columns per thread, UC chunks in flight,
 # XS shared chunk sums, QX quantized activations with integer dot products (on by default where native).
@@ -31,8 +31,17 @@ ADRENO_GEMV_TUNING = {"RW": 64, "KS": 4, "CR": 1, "UC": 1, "XS": 0, "QX": 0}  # 
 FLAGS = ("XS", "QX")  # the 0/1 entries of a shape
 
 
-def shape_key(silu: bool, rows: int, k: int, nt: int) -> str:
-    return f"{'silu' if silu else 'gemv'}:{rows}x{k}:nt{nt}"
+DEFAULT_FORM = "g128"  # the form a shape's entry falls back to: what AWQ checkpoints and `perfx quantize` make
+
+
+def weight_form(group_size: int, symmetric: bool) -> str:
+    """How a weight's scales are laid out, which moves the best shape: "g32s" is GGUF Q4_0 (one float16 scale
+    per 32 columns and no bias array), "g32" Q4_1 (a float bias per 32 too), "g128" AWQ's 128-column groups."""
+    return f"g{group_size}{'s' if symmetric else ''}"
+
+
+def shape_key(silu: bool, rows: int, k: int, nt: int, form: str = DEFAULT_FORM) -> str:
+    return f"{'silu' if silu else 'gemv'}:{rows}x{k}:{form}:nt{nt}"
 
 
 def kernel_hash() -> str:
