@@ -5,6 +5,7 @@ weights built on the machine), wall time per step next to the device time of eac
         [--pick argmax,sample]  # decode steps also draw with the default filters (temperature, top-k, top-p, min-p)
         [--mixed 8,16]  # also mixed steps: each batch's decode rows plus a prompt chunk of each size (the server's)
         [--position 2000]  # the decode rows' position (their context length), 100 unless given
+        [--group 32 --symmetric]  # weights as a GGUF Q4_0 file holds them (default: AWQ's 128-column groups)
 
 Wall time is the median of several steps, each ending with its results read back (as the server does). Device
 time per kernel comes from OpenCL profiling events over the same steps; wall minus device time is what the
@@ -61,6 +62,9 @@ def main() -> None:
     parser.add_argument("--batches", default="1,16", help="decode batch sizes")
     parser.add_argument("--kv-dtype", default="float16", choices=("float32", "float16"))
     parser.add_argument("--group", type=int, default=128, help="int4 group size (GGUF Q4_0's is 32)")
+    parser.add_argument(
+        "--symmetric", action="store_true", help="weights as GGUF Q4_0 blocks: no zero point (needs --group 32)"
+    )
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--pick", default="argmax", help="how decode steps pick: argmax, sample or both (comma)")
     parser.add_argument(
@@ -78,7 +82,7 @@ def main() -> None:
     config = dataclasses.replace(LLAMA2_7B, n_layers=args.layers) if args.layers else LLAMA2_7B
     engine = LlamaModel(
         config,
-        random_llama_weights(config, group_size=args.group, seed=0),
+        random_llama_weights(config, group_size=args.group, seed=0, symmetric=args.symmetric),
         rt,
         n_slots=max(batches) + bool(mixed),
         max_seq_len=max(1024, args.position + 1, *prompts),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .config import LayerWeights, LlamaConfig, LlamaWeights
+from .errors import InvalidArgumentError
 from .weights import BlockWeight, Int4Weight
 
 LLAMA2_7B = LlamaConfig(
@@ -54,9 +55,18 @@ def random_int4(rows: int, cols: int, group_size: int, rng: np.random.Generator)
     return Int4Weight(packed, scale, -8.0 * scale.astype(np.float32), group_size)
 
 
-def random_llama_weights(config: LlamaConfig, group_size: int = 128, seed: int = 0) -> LlamaWeights:
+def random_llama_weights(
+    config: LlamaConfig, group_size: int = 128, seed: int = 0, symmetric: bool = False
+) -> LlamaWeights:
+    """Random int4 weights of ``config``'s shapes; ``symmetric``: as GGUF Q4_0 blocks (32-column groups, no
+    zero point), the file's form, for runtimes that convert blocks themselves."""
+    if symmetric and group_size != 32:
+        raise InvalidArgumentError("symmetric (GGUF Q4_0) weights have 32-column groups")
     rng = np.random.default_rng(seed)
     d, f = config.dim, config.ffn_dim
+
+    def matrix(rows: int, cols: int) -> Int4Weight | BlockWeight:
+        return random_q4_0_weight(rows, cols, rng) if symmetric else random_int4(rows, cols, group_size, rng)
 
     def norm() -> np.ndarray:
         return (1.0 + 0.1 * rng.standard_normal(d)).astype(np.float32)
@@ -64,19 +74,19 @@ def random_llama_weights(config: LlamaConfig, group_size: int = 128, seed: int =
     layers = [
         LayerWeights(
             attn_norm=norm(),
-            wq=random_int4(config.q_dim, d, group_size, rng),
-            wk=random_int4(config.kv_dim, d, group_size, rng),
-            wv=random_int4(config.kv_dim, d, group_size, rng),
-            wo=random_int4(d, config.q_dim, group_size, rng),
+            wq=matrix(config.q_dim, d),
+            wk=matrix(config.kv_dim, d),
+            wv=matrix(config.kv_dim, d),
+            wo=matrix(d, config.q_dim),
             ffn_norm=norm(),
-            w_gate=random_int4(f, d, group_size, rng),
-            w_up=random_int4(f, d, group_size, rng),
-            w_down=random_int4(d, f, group_size, rng),
+            w_gate=matrix(f, d),
+            w_up=matrix(f, d),
+            w_down=matrix(d, f),
         )
         for _ in range(config.n_layers)
     ]
-    embedding = random_int4(config.vocab_size, d, group_size, rng)
-    output = embedding if config.tied_embeddings else random_int4(config.vocab_size, d, group_size, rng)
+    embedding = matrix(config.vocab_size, d)
+    output = embedding if config.tied_embeddings else matrix(config.vocab_size, d)
     return LlamaWeights(embedding, layers, norm(), output)
 
 
