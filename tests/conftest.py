@@ -60,6 +60,7 @@ LONG_MODULES = (
     "test_opencl_graphs.py",
     "test_opencl_kernels.py",
     "test_opencl_families.py",
+    "test_opencl_int8.py",
     "test_gemma3_gguf.py",
     "test_lm_eval.py",
     "test_gui_xcb.py",

@@ -11,11 +11,14 @@ KERNEL_DIR = Path(__file__).parent / "kernels"
 # Prepended to every kernel file: the device-wide fence, the add + RMSNorm tail of the matmul kernels, and the
 # int4 weights' group bias.
 KERNEL_PRELUDE = ("device_fence.cl", "add_norm_tail.cl", "int4_bias.cl")
-# Pieces only some kernel files need, after the prelude: the KV cache's layout and the matrix units.
+# Pieces only some kernel files need, after the prelude: the KV cache's layout, the matrix units, the int8 weights'
+# layout and byte decoding.
 FILE_PRELUDES = {
     "attention": ("kv_layout.cl",),
     "attention_mma": ("kv_layout.cl", "mma.cl"),
     "int4_mma": ("mma.cl",),
+    "int8": ("int8_weight.cl",),
+    "int8_gemm": ("int8_weight.cl",),
 }
 
 

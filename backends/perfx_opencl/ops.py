@@ -28,8 +28,9 @@ from perfx_core.ops import (
 from . import tuning
 from .tuning import ADRENO_GEMV_TUNING, FLAGS, GEMV_TUNING  # the GEMV's default shapes (RW, KS, CR, UC, XS, QX)
 
-# Fused composites, for int4 weights and the token counts their kernels take (else the generic compositions).
-OPS = PRIMITIVE_OPS + ("gate_up_silu", "linear_add_rmsnorm", "attention_mixed", "argmax", "sample")
+# Fused composites, for int4 and int8 weights and the token counts their kernels take (else the generic
+# compositions), and the int8 weight format's matmul (the runtime lists "int8" in weight_formats).
+OPS = PRIMITIVE_OPS + ("gate_up_silu", "linear_add_rmsnorm", "attention_mixed", "argmax", "sample", "int8_gemm")
 
 SMALL_N = 16  # up to this many tokens an int4 matmul uses the GEMV kernel, which reads W once for all of them
 # Up to this many tokens (a short prompt), GEMV passes of SMALL_N tokens beat the tiled GEMM, whose 64-token
@@ -123,6 +124,20 @@ def embedding(rt, table, ids, out):
             (_round_up(d, 64), n),
             None,
             *_int4_weight_args(table),
+            ids_buf,
+            out,
+            table.shape[0],
+            d,
+            table.group_size.bit_length() - 1,
+        )
+    elif table.kind == "int8":
+        kernel = rt.kernel("int8", "embedding_int8", **_int8_options(table))
+        rt.launch(
+            kernel,
+            (_round_up(d, 64), n),
+            None,
+            table.codes.buffer,
+            table.scale.buffer,
             ids_buf,
             out,
             table.shape[0],
@@ -311,14 +326,15 @@ def _int4_gemv(rt, x, w, out, n, silu=False, epilogue=()):
     )
 
 
-def _int4_gemv_passes(rt, x, w, out, silu=False):
-    """The GEMV over ``x``'s rows SMALL_N at a time (views: no copies)."""
+def _gemv_passes(rt, x, w, out, silu=False):
+    """The GEMV of the weight's format (int4 or int8) over ``x``'s rows SMALL_N at a time (views: no copies)."""
+    gemv = _int8_gemv if w.kind == "int8" else _int4_gemv
     n, cols = out.shape
     k = x.shape[1]
     for start in range(0, n, SMALL_N):
         rows = min(SMALL_N, n - start)
         part_x, part_out = rt.view(x, start * k, (rows, k)), rt.view(out, start * cols, (rows, cols))
-        _int4_gemv(rt, part_x, w, part_out, rows, silu=silu)
+        gemv(rt, part_x, w, part_out, rows, silu=silu)
 
 
 def int4_gemv(rt, x, w, out):
@@ -493,7 +509,7 @@ def int4_gemm(rt, x, w, out):
         _int4_mma(rt, x, w, out)
         return
     if n <= GEMV_PASSES_N:
-        _int4_gemv_passes(rt, x, w, out)
+        _gemv_passes(rt, x, w, out)
         return
     tpt = _gemm_tokens_per_thread(rt, n, m)
     kernel = rt.kernel("int4_gemm", "int4_gemm", TPT=tpt, **_bias_options(w))
@@ -507,6 +523,94 @@ def int4_gemm(rt, x, w, out):
         n,
         m,
         k,
+        w.group_size.bit_length() - 1,
+    )
+
+
+# -- int8 weights (perfx_core.weights.Int8Weight: GGUF Q8_0, Q5_0, Q6_K; layout in kernels/int8_weight.cl) ------
+
+
+def _int8_options(w) -> dict:
+    return {"SCALE_F32": w.scale.dtype == np.float32}
+
+
+def _int8_gemv_plan(
+    rt, silu: bool, nt: int, rows: int, x_form: str, add_norm: bool, scale_f32: bool
+) -> tuple[Any, tuple[int, int], tuple[int, int]]:
+    """(kernel, global size, local size) of an int8 GEMV launch (kept with the int4 GEMV's plans). Its shape is
+    the variant's untuned int4 default (RW, KS, UC: a chunk is 16 bytes in both formats) with PERFX_OPENCL_GEMV's
+    RW, KS and UC; `perfx tune` does not tune it."""
+    plans = rt.__dict__.setdefault("_gemv_plans", {})
+    key = ("int8", silu, nt, rows, x_form, add_norm, scale_f32)
+    plan = plans.get(key)
+    if plan is None:
+        base = {**(ADRENO_GEMV_TUNING if rt.variant == "adreno" else GEMV_TUNING), **gemv_overrides()}
+        config = {"RW": base["RW"], "KS": base["KS"], "UC": base["UC"], "CR": 1}
+        if add_norm:  # the last work-group normalises n rows alone: give it at least 256 threads
+            config["KS"] = max(config["KS"], 256 // config["RW"])
+        config = _fit_work_group(rt, config, 2 if silu else 1, nt, 0)
+        del config["CR"]
+        kernel = rt.kernel(
+            "int8",
+            "int8_gemv",
+            NT=nt,
+            SILU=silu,
+            ADD_NORM=add_norm,
+            X_IMAGE=x_form == "image",
+            X_UNALIGNED=x_form == "unaligned",
+            SCALE_F32=scale_f32,
+            **config,
+        )
+        plan = plans[key] = (kernel, (_round_up(rows, config["RW"]), config["KS"]), (config["RW"], config["KS"]))
+    return plan
+
+
+def _int8_gemv(rt, x, w, out, n, silu=False, epilogue=()):
+    """int4_gemv's counterpart for int8 weights (kernels/int8.cl), n <= SMALL_N tokens: W read once for all of
+    them; ``silu`` and ``epilogue`` as there."""
+    k = w.shape[1]
+    rows = w.shape[0] // 2 if silu else w.shape[0]
+    nt = 1 << max(0, (n - 1).bit_length())
+    image = rt.image_of(x)
+    x_form = "image" if image is not None else ("aligned" if x.offset % 4 == 0 else "unaligned")
+    kernel, global_size, local_size = _int8_gemv_plan(
+        rt, silu, nt, rows, x_form, bool(epilogue), w.scale.dtype == np.float32
+    )
+    x_arg = (image, x.offset) if image is not None else (x,)
+    rt.launch(
+        kernel,
+        global_size,
+        local_size,
+        w.codes.buffer,
+        w.scale.buffer,
+        *x_arg,
+        out,
+        n,
+        rows,
+        k,
+        w.group_size.bit_length() - 1,
+        *epilogue,
+    )
+
+
+def int8_gemm(rt, x, w, out):
+    """The int8 GEMV in passes of SMALL_N tokens up to GEMV_PASSES_N, else the tiled GEMM (kernels/int8_gemm.cl)."""
+    n, m = out.shape
+    if n <= GEMV_PASSES_N:
+        _gemv_passes(rt, x, w, out)
+        return
+    tpt = _gemm_tokens_per_thread(rt, n, m)
+    rt.launch(
+        rt.kernel("int8_gemm", "int8_gemm", TPT=tpt, **_int8_options(w)),
+        (_round_up(m, GEMM_ROWS) // 8, _round_up(n, 16 * tpt) // tpt),
+        (16, 16),
+        w.codes.buffer,
+        w.scale.buffer,
+        x,
+        out,
+        n,
+        m,
+        w.shape[1],
         w.group_size.bit_length() - 1,
     )
 
@@ -527,22 +631,22 @@ def gate_up_silu(rt, x, w_gate_up, out):
     n, f = out.shape
     if w_gate_up.kind == "int4" and on_matrix_units(rt, n):
         _int4_mma(rt, x, w_gate_up, out, silu=True)
-    elif w_gate_up.kind == "int4" and n <= GEMV_PASSES_N:
-        _int4_gemv_passes(rt, x, w_gate_up, out, silu=True)
+    elif w_gate_up.kind in ("int4", "int8") and n <= GEMV_PASSES_N:
+        _gemv_passes(rt, x, w_gate_up, out, silu=True)
     else:
         generic_gate_up_silu(rt, x, w_gate_up, out)
 
 
 def linear_add_rmsnorm(rt, x, w, residual, weight, eps, out):
-    """One launch where the matmul kernel can finish the job (kernels/add_norm_tail.cl): the GEMV up to SMALL_N
-    tokens, the matrix units up to MMA_ADD_NORM_N; else the matmul, then add_rmsnorm."""
+    """One launch where the matmul kernel can finish the job (kernels/add_norm_tail.cl): the GEMV (int4 or int8) up
+    to SMALL_N tokens, the matrix units (int4) up to MMA_ADD_NORM_N; else the matmul, then add_rmsnorm."""
     n = out.shape[0]
-    mma = on_matrix_units(rt, n)
+    mma = w.kind == "int4" and on_matrix_units(rt, n)
     if mma:
         fused = n <= MMA_ADD_NORM_N and _norm_finishers_cap() != 0
     else:
         fused = n <= SMALL_N
-    if w.kind != "int4" or not rt.fused_tails or not fused:
+    if w.kind not in ("int4", "int8") or not rt.fused_tails or not fused:
         generic_linear_add_rmsnorm(rt, x, w, residual, weight, eps, out)
         return
     delta = rt.scratch("linear_add_rmsnorm", out.shape)
@@ -550,7 +654,8 @@ def linear_add_rmsnorm(rt, x, w, residual, weight, eps, out):
     if mma:
         _int4_mma(rt, x, w, delta, epilogue=epilogue)
     else:
-        _int4_gemv(rt, x, w, delta, n, epilogue=(*epilogue, 1))
+        gemv = _int8_gemv if w.kind == "int8" else _int4_gemv
+        gemv(rt, x, w, delta, n, epilogue=(*epilogue, 1))
 
 
 def rmsnorm(rt, x, weight, eps, out):

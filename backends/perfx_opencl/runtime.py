@@ -23,7 +23,7 @@ import numpy as np
 
 from perfx_core.backend import DeviceInfo, KVCacheSpec, Runtime
 from perfx_core.errors import BackendError, BackendUnavailableError, InvalidArgumentError
-from perfx_core.weights import BlockWeight, DenseWeight, Int4Weight, Weight
+from perfx_core.weights import BlockWeight, DenseWeight, Int4Weight, Int8Weight, Weight
 
 from . import native_replay, ops, program_cache, tuner
 from .flush_policy import FLUSH_EVERY, REPLAY_EARLY_FLUSHES
@@ -151,6 +151,18 @@ class CLInt4Weight:
 
 
 @dataclass(eq=False)
+class CLInt8Weight:
+    """An int8 weight as uploaded, chunk-major (kernels/int8_weight.cl): codes (k/16, m, 16) int8, scale (k/g, m)
+    float16 or float32, as the host weight has it (GGUF Q6_K's scales are exact only in float32)."""
+
+    shape: tuple[int, int]
+    group_size: int
+    codes: CLTensor
+    scale: CLTensor
+    kind: str = "int8"
+
+
+@dataclass(eq=False)
 class CLDenseWeight:
     shape: tuple[int, int]
     data: CLTensor  # float32 or float16 (m, k)
@@ -205,6 +217,7 @@ class OpenCLRuntime(Runtime):
     """One opened OpenCL device. ``variant`` is "generic" or "adreno" (kernels built with -DADRENO)."""
 
     block_formats = frozenset(_BLOCK_BYTES)
+    weight_formats = frozenset({"int8"})  # Int8Weight stays int8 on the device (ops.int8_gemm)
 
     def __init__(self, backend_name: str, info: DeviceInfo, device: Any, state: _DeviceState, variant: str):
         self.backend_name = backend_name
@@ -391,6 +404,16 @@ class OpenCLRuntime(Runtime):
                     self._transposed(weight.scale, "ushort"),
                     self._transposed(weight.bias, "uint"),
                 )
+            if isinstance(weight, Int8Weight):
+                m, k = weight.shape
+                # Chunk-major too (kernels/int8_weight.cl): 16-byte chunks of 16 codes [chunk][row], scale
+                # [group][row] in its own dtype (float16 bits or float32).
+                return CLInt8Weight(
+                    weight.shape,
+                    weight.group_size,
+                    self._transposed(weight.codes.reshape(m, k // 16, 16), "uint4"),
+                    self._transposed(weight.scale, "ushort" if weight.scale.dtype == np.float16 else "uint"),
+                )
             if isinstance(weight, DenseWeight):
                 return CLDenseWeight(weight.shape, self.from_numpy(weight.data))
             if isinstance(weight, BlockWeight) and weight.block_format in _BLOCK_BYTES:
@@ -399,8 +422,11 @@ class OpenCLRuntime(Runtime):
         finally:
             self.load_stats["weights_s"] += time.perf_counter() - start
 
-    def weight_bytes(self, handle: CLInt4Weight | CLDenseWeight) -> int:
-        tensors = (handle.packed, handle.scale, handle.bias) if handle.kind == "int4" else (handle.data,)
+    def weight_bytes(self, handle: CLInt4Weight | CLInt8Weight | CLDenseWeight) -> int:
+        if handle.kind == "int4":
+            tensors = (handle.packed, handle.scale, handle.bias)
+        else:
+            tensors = (handle.codes, handle.scale) if handle.kind == "int8" else (handle.data,)
         return sum(t.size * t.dtype.itemsize for t in tensors if t is not None)
 
     def _from_blocks(self, weight: BlockWeight) -> CLInt4Weight:
