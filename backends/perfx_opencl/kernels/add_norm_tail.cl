@@ -14,17 +14,56 @@
 // finisher to be done sets them back to zero (a recorded launch is replayed as is).
 #define TAIL_BLOCK 16  // elements a work-item loads before it stores any: their loads overlap
 
+// The sum of `value` over the `size` work-items of a group (every one gets it); scratch holds `size` floats.
+inline float sum_in_group(__local float* scratch, float value, int tid, int size) {
+    scratch[tid] = value;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    int width = 1;
+    while (width < size) width <<= 1;
+    for (int stride = width / 2; stride > 0; stride >>= 1) {
+        if (tid < stride && tid + stride < size) scratch[tid] += scratch[tid + stride];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const float total = scratch[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return total;
+}
+
 // residual (d) += delta; normed = rmsnorm(residual) * norm_w for one token, by all `size` work-items of a group.
 // The loads come in blocks, all issued before the block's stores: a store may alias the next load as far as the
 // compiler knows, so a load-add-store loop waited out a memory round trip per element (on the H200 that made
-// the tail slower than the add_rmsnorm launch it replaces). In the tail other work-groups wrote delta, and it is
+// the tail slower than the add_rmsnorm launch it replaces). Where one block covers the token (d <= TAIL_BLOCK *
+// size: a 7B model's 4096 with 256 work-items), norm_w loads with residual and delta and the sums stay in
+// registers for the second pass, so the tail waits out one memory round trip instead of two.
+// In the tail other work-groups wrote delta, and it is
 // read with plain loads: each writer fences (DEVICE_FENCE) before its atomic ticket, and a finisher reads the
 // counter that the last ticket set, then fences, before loading. That is the release/acquire pattern of PTX's
 // memory model (membar.gl is fence.sc.gpu; the volatile read and the atomics are strong), which orders plain
-// accesses too; PoCL's threads are coherent. (Before this file the GEMV's tail read delta as volatile; the
-// H200 figures above are for plain loads.)
+// accesses too; PoCL's threads are coherent.
 inline void add_rmsnorm_token(__global const float* delta, __global float* residual, __global const float* norm_w,
                               __global float* normed, int d, float eps, __local float* scratch, int tid, int size) {
+    if (d <= TAIL_BLOCK * size) {
+        float sum[TAIL_BLOCK], w[TAIL_BLOCK], sq = 0.0f;
+#pragma unroll
+        for (int u = 0; u < TAIL_BLOCK; ++u) {
+            const int c = tid + u * size;
+            sum[u] = c < d ? residual[c] + delta[c] : 0.0f;
+            w[u] = c < d ? norm_w[c] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < TAIL_BLOCK; ++u) {
+            const int c = tid + u * size;
+            if (c < d) residual[c] = sum[u];
+            sq += sum[u] * sum[u];
+        }
+        const float inv = 1.0f / sqrt(sum_in_group(scratch, sq, tid, size) / (float)d + eps);
+#pragma unroll
+        for (int u = 0; u < TAIL_BLOCK; ++u) {
+            const int c = tid + u * size;
+            if (c < d) normed[c] = sum[u] * inv * w[u];
+        }
+        return;
+    }
     float sq = 0.0f;
     for (int first = tid; first < d; first += TAIL_BLOCK * size) {
         float sum[TAIL_BLOCK];
@@ -40,16 +79,7 @@ inline void add_rmsnorm_token(__global const float* delta, __global float* resid
             sq += sum[u] * sum[u];
         }
     }
-    scratch[tid] = sq;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    int width = 1;
-    while (width < size) width <<= 1;
-    for (int stride = width / 2; stride > 0; stride >>= 1) {
-        if (tid < stride && tid + stride < size) scratch[tid] += scratch[tid + stride];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    const float inv = 1.0f / sqrt(scratch[0] / (float)d + eps);
-    barrier(CLK_LOCAL_MEM_FENCE);
+    const float inv = 1.0f / sqrt(sum_in_group(scratch, sq, tid, size) / (float)d + eps);
     for (int first = tid; first < d; first += TAIL_BLOCK * size) {
         float value[TAIL_BLOCK];
 #pragma unroll
