@@ -339,8 +339,9 @@ def _qkv_case(n: int, kind: str) -> tuple[str, float, Body]:
     return f"n={n} {kind} q|k|v 192+64+64 x 128", MATMUL_LIMIT, body
 
 
-def _linear_norm_case(n: int, desc: tuple, eps: float) -> tuple[str, float, Body]:
-    """linear_add_rmsnorm: the projection's output joins ``residual`` (updated in place) and is normed."""
+def _linear_norm_case(n: int, desc: tuple, eps: float, post: bool = False) -> tuple[str, float, Body]:
+    """linear_add_rmsnorm (``post``: linear_post_norm_add_rmsnorm): the projection's output (normed first with
+    ``post``) joins ``residual`` (updated in place) and is normed."""
 
     def body(t: _Trial, rng: np.random.Generator) -> None:
         weight = _make_weight(rng, desc)
@@ -348,17 +349,18 @@ def _linear_norm_case(n: int, desc: tuple, eps: float) -> tuple[str, float, Body
         x, residual = _activations(rng, (n, k)), _activations(rng, (n, m), decades=2.0)
         norm_weight = (1.0 + 0.3 * rng.standard_normal(m)).astype(np.float32)
         out = t.output("out", (n, m))
-        t.rt.ops.linear_add_rmsnorm(
-            t.input("x", x),
-            t.weight(weight),
-            t.scratch_input("residual", residual),
-            t.input("weight", norm_weight),
-            eps,
-            out,
-        )
-        new_residual, normed = reference.linear_add_rmsnorm(x, weight, residual, norm_weight, eps)
-        t.compare("out", normed, MATMUL_LIMIT)
-        t.compare("residual", new_residual, MATMUL_LIMIT, main=False)
+        args = (t.scratch_input("residual", residual), t.input("weight", norm_weight), eps, out)
+        if post:
+            post_weight = (1.0 + 0.3 * rng.standard_normal(m)).astype(np.float32)
+            t.rt.ops.linear_post_norm_add_rmsnorm(
+                t.input("x", x), t.weight(weight), t.input("post", post_weight), *args
+            )
+            expected = reference.linear_post_norm_add_rmsnorm(x, weight, post_weight, residual, norm_weight, eps)
+        else:
+            t.rt.ops.linear_add_rmsnorm(t.input("x", x), t.weight(weight), *args)
+            expected = reference.linear_add_rmsnorm(x, weight, residual, norm_weight, eps)
+        t.compare("out", expected[1], MATMUL_LIMIT)
+        t.compare("residual", expected[0], MATMUL_LIMIT, main=False)
 
     return f"n={n} {_describe(desc)} eps={eps:g}", MATMUL_LIMIT, body
 
@@ -680,6 +682,18 @@ def _cases(op: str) -> list[tuple[str, float, Body]]:
             _linear_norm_case(32, ("int4", 200, 256, 128, "random"), 1e-5),  # two 16-token groups on matrix units
             _linear_norm_case(2, ("dense", 129, 96, "float16"), 1e-5),
         ]
+    if op == "linear_post_norm_add_rmsnorm":
+        return [
+            _linear_norm_case(n, desc, eps, post=True)
+            for n, desc, eps in (
+                (1, ("int4", 640, 128, 32, "rtn"), 1e-6),
+                (5, ("int4", 129, 256, 128, "random"), 1e-6),
+                (2, ("int4", 5000, 64, 64, "random"), 1e-6),  # more than one block of the tail per work-item
+                (20, ("int4", 200, 256, 128, "random"), 1e-6),  # past the GEMV's tokens
+                (33, ("int4", 96, 128, 32, "rtn"), 1e-6),  # past the matrix units' tail
+                (3, ("dense", 129, 96, "float16"), 1e-6),
+            )
+        ]
     if op in ("rmsnorm", "add_rmsnorm"):
         return [
             _norm_case(op, 1, 96, 1e-5),
@@ -780,10 +794,11 @@ def _format_cases(op: str) -> list[tuple[str, tuple[str, float, Body]]]:
         cases = [_matmul_case(op, n, ("int8", 2 * f, 128, 32, "q5_0")) for n, f in ((1, 128), (9, 65))]
     elif op == "gate_up_gelu":
         cases = [_gate_up_gelu_case(n, ("int8", 2 * f, 64, 32, "q8_0")) for n, f in ((1, 128), (9, 65))]
-    elif op == "linear_add_rmsnorm":
+    elif op in ("linear_add_rmsnorm", "linear_post_norm_add_rmsnorm"):
+        post = op == "linear_post_norm_add_rmsnorm"
         cases = [
-            _linear_norm_case(1, ("int8", 576, 128, 32, "q8_0"), 1e-5),
-            _linear_norm_case(12, ("int8", 129, 96, 32, "random"), 1e-6),
+            _linear_norm_case(1, ("int8", 576, 128, 32, "q8_0"), 1e-5, post),
+            _linear_norm_case(12, ("int8", 129, 96, 32, "random"), 1e-6, post),
         ]
     return [("int8", case) for case in cases]
 

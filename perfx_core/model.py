@@ -183,9 +183,6 @@ class LlamaModel:
         # Only the families whose blocks have these steps hold their buffers (Llama has none of them).
         if any(layer.b_qkv is not None or layer.q_norm is not None for layer in self.layers):
             self._buffers["qkv_in"] = rt.empty((max_tokens, self.attention.qkv_dim))  # before bias / q-k norm
-        if any(layer.post_attn_norm is not None or layer.post_ffn_norm is not None for layer in self.layers):
-            self._buffers["y"] = rt.empty((max_tokens, c.dim))  # a block part's output before its post-norm
-            self._buffers["y_normed"] = rt.empty((max_tokens, c.dim))
 
     def _rows(self, name: str, start: int, n: int) -> Any:
         buf = self._buffers[name]
@@ -237,14 +234,11 @@ class LlamaModel:
 
     def _residual_add(self, x: Any, w: Any, post_norm: Any, residual: Any, next_norm: Any, h: Any) -> None:
         """residual += x @ w.T (normed by ``post_norm`` first, where the family has one); h = the normed residual."""
-        ops, eps, n = self.rt.ops, self.config.norm_eps, x.shape[0]
+        ops, eps = self.rt.ops, self.config.norm_eps
         if post_norm is None:
             ops.linear_add_rmsnorm(x, w, residual, next_norm, eps, h)
-            return
-        y, y_normed = self._rows("y", 0, n), self._rows("y_normed", 0, n)
-        ops.linear(x, w, y)
-        ops.rmsnorm(y, post_norm, eps, y_normed)
-        ops.add_rmsnorm(y_normed, residual, next_norm, eps, h)
+        else:
+            ops.linear_post_norm_add_rmsnorm(x, w, post_norm, residual, next_norm, eps, h)
 
     def _project(self, h: Any, out: Any) -> None:
         """The output logits of hidden rows ``h`` into ``out``, soft-capped where the family caps them."""

@@ -30,6 +30,8 @@ a backend implements them to keep the work on its device):
   scale(x, factor, out)                                 out = x * factor
   softcap(x, cap, out)                                  out = cap * tanh(x / cap)
   gate_up_gelu(x, w_gate_up, out)                       the GeGLU MLP's first half (composite)
+  linear_post_norm_add_rmsnorm(x, w, post_weight, residual, weight, eps, out)   linear_add_rmsnorm with the
+                                                       projection RMS-normed by post_weight before the add (composite)
 Attention features (AttentionSpec.window, .softcap, .scale): an attention op declares the ones it implements in
 its ``perfx_features`` attribute (OpTable.features); a model that needs one its backend lacks is refused at load.
 
@@ -72,7 +74,15 @@ COMPOSITE_OPS = (
     "argmax",
     "sample",
 )
-FAMILY_OPS = ("add_bias", "head_rmsnorm", "gelu_mul", "scale", "softcap", "gate_up_gelu")
+FAMILY_OPS = (
+    "add_bias",
+    "head_rmsnorm",
+    "gelu_mul",
+    "scale",
+    "softcap",
+    "gate_up_gelu",
+    "linear_post_norm_add_rmsnorm",
+)
 # weight format (Runtime.weight_formats) -> the ops a runtime taking it must have
 FORMAT_OPS: dict[str, tuple[str, ...]] = {"int8": ("int8_gemm",)}
 OP_NAMES = PRIMITIVE_OPS + COMPOSITE_OPS + FAMILY_OPS + tuple(op for ops in FORMAT_OPS.values() for op in ops)
@@ -203,6 +213,16 @@ def generic_gate_up_gelu(rt, x, w_gate_up, out) -> None:
     rt.ops.gelu_mul(gate_up, out)
 
 
+def generic_linear_post_norm_add_rmsnorm(rt, x, w, post_weight, residual, weight, eps, out) -> None:
+    """residual (n, m) += rmsnorm(x @ w.T) * post_weight; out = rmsnorm(residual) * weight: Gemma's block output,
+    normed before it joins the residual stream, and the next norm."""
+    delta = rt.scratch("linear_post_norm", out.shape)
+    normed = rt.scratch("post_normed", out.shape)
+    rt.ops.linear(x, w, delta)
+    rt.ops.rmsnorm(delta, post_weight, eps, normed)
+    rt.ops.add_rmsnorm(normed, residual, weight, eps, out)
+
+
 GENERIC_OPS: dict[str, Callable[..., None]] = {
     "add_bias": generic_add_bias,
     "head_rmsnorm": generic_head_rmsnorm,
@@ -210,6 +230,7 @@ GENERIC_OPS: dict[str, Callable[..., None]] = {
     "scale": generic_scale,
     "softcap": generic_softcap,
     "gate_up_gelu": generic_gate_up_gelu,
+    "linear_post_norm_add_rmsnorm": generic_linear_post_norm_add_rmsnorm,
     "linear": generic_linear,
     "qkv_proj": generic_qkv_proj,
     "gate_up_silu": generic_gate_up_silu,

@@ -73,6 +73,13 @@ def linear_add_rmsnorm(
     return add_rmsnorm(matmul(x, weight), residual, norm_weight, eps)
 
 
+def linear_post_norm_add_rmsnorm(
+    x: np.ndarray, weight: Weight, post_weight: np.ndarray, residual: np.ndarray, norm_weight: np.ndarray, eps: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(new residual, normed output) of residual += rmsnorm(x @ w.T) * post_weight; out = rmsnorm(residual) * w."""
+    return add_rmsnorm(rmsnorm(matmul(x, weight), post_weight, eps), residual, norm_weight, eps)
+
+
 def silu(x: np.ndarray) -> np.ndarray:
     """x * sigmoid(x), written so that no exp overflows for large |x|."""
     x = np.asarray(x, dtype=np.float64)

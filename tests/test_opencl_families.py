@@ -30,11 +30,14 @@ def _greedy(model, prompt: list[int], n: int) -> list[int]:
 
 @pytest.mark.parametrize("family", tf.FAMILIES)
 def test_family_on_opencl_matches_transformers(checkpoints, family):
+    """Logits and greedy decoding; and every family op runs on the device: its decode steps are recorded as
+    graphs, which a step with host work in it (an op through the host) cannot be."""
     path, reference = checkpoints.source(family, "hf")
     expected = tf.hf_logits(reference, IDS)
     with tf.loaded(path, backend="opencl") as model:
         ours = model.logits(IDS)
         generated = _greedy(model, IDS[:12], 8)  # decode steps past the window of 8
+        assert any(key[0] != "prefill" for key in model.engine._graphs), f"{family}: no decode step was recorded"
     error = tf.nmse(ours, expected)
     assert error < 1e-5, f"{family} on OpenCL: NMSE {error:.2e} against transformers"
     with tf.loaded(path) as model:

@@ -16,9 +16,11 @@ import numpy as np
 from perfx_core.errors import BackendError, InvalidArgumentError
 from perfx_core.ops import (
     ATTENTION_FEATURES,
+    FAMILY_OPS,
     PRIMITIVE_OPS,
     PROMPT_KEYS,
     generic_attention_mixed,
+    generic_gate_up_gelu,
     generic_gate_up_silu,
     generic_linear_add_rmsnorm,
     prompt_indices,
@@ -30,7 +32,11 @@ from .tuning import ADRENO_GEMV_TUNING, FLAGS, GEMV_TUNING  # the GEMV's default
 
 # Fused composites, for int4 and int8 weights and the token counts their kernels take (else the generic
 # compositions), and the int8 weight format's matmul (the runtime lists "int8" in weight_formats).
-OPS = PRIMITIVE_OPS + ("gate_up_silu", "linear_add_rmsnorm", "attention_mixed", "argmax", "sample", "int8_gemm")
+OPS = (
+    PRIMITIVE_OPS
+    + FAMILY_OPS
+    + ("gate_up_silu", "linear_add_rmsnorm", "attention_mixed", "argmax", "sample", "int8_gemm")
+)
 
 SMALL_N = 16  # up to this many tokens an int4 matmul uses the GEMV kernel, which reads W once for all of them
 # Up to this many tokens (a short prompt), GEMV passes of SMALL_N tokens beat the tiled GEMM, whose 64-token
@@ -261,10 +267,14 @@ def _gemv_plan(
     add_norm: bool = False,
     q4_0_bias: bool = False,
     group_size: int = 128,
+    gelu: bool = False,
+    post_norm: bool = False,
 ) -> tuple[Any, tuple[int, int], tuple[int, int]]:
-    """(kernel, global size, local size) of a GEMV launch, worked out once per shape and kept on the runtime."""
+    """(kernel, global size, local size) of a GEMV launch, worked out once per shape and kept on the runtime
+    (``gelu``: the gated one's activation is GELU; it reads and sums what the SiLU one does, so shares its shape;
+    ``post_norm``: the add_norm tail norms delta first)."""
     plans = rt.__dict__.setdefault("_gemv_plans", {})
-    key = (silu, nt, rows, k, x_form, add_norm, q4_0_bias, group_size)
+    key = (silu, nt, rows, k, x_form, add_norm, q4_0_bias, group_size, gelu, post_norm)
     plan = plans.get(key)
     if plan is None:
         config = gemv_tuning(rt, silu, rows, k, nt, tuning.weight_form(group_size, q4_0_bias))
@@ -281,7 +291,9 @@ def _gemv_plan(
             "int4_gemv",
             NT=nt,
             SILU=silu,
+            GELU=gelu,
             ADD_NORM=add_norm,
+            POST_NORM=post_norm,
             X_IMAGE=x_form == "image",
             X_UNALIGNED=x_form == "unaligned",
             XSUM_CHUNKS=xsum_chunks or False,
@@ -299,16 +311,17 @@ def _gemv_plan(
     return plan
 
 
-def _int4_gemv(rt, x, w, out, n, silu=False, epilogue=()):
-    """GEMV for n <= SMALL_N tokens, W read once for all of them; with ``silu`` W is [W_gate; W_up]; a
-    non-empty ``epilogue`` (residual, norm weight, normed, eps, counter, finishers) adds the add_rmsnorm tail."""
+def _int4_gemv(rt, x, w, out, n, silu=False, epilogue=(), gelu=False, post_weight=None):
+    """GEMV for n <= SMALL_N tokens, W read once for all of them; with ``silu`` W is [W_gate; W_up] (and ``gelu``
+    makes the gate's activation GELU); a non-empty ``epilogue`` (residual, norm weight, normed, eps, counter,
+    finishers) adds the add_rmsnorm tail, which with ``post_weight`` norms the output by it first."""
     k = w.shape[1]
     rows = w.shape[0] // 2 if silu else w.shape[0]
     nt = 1 << max(0, (n - 1).bit_length())  # tokens per pass: n rounded up to a power of two
     image = rt.image_of(x)
     x_form = "image" if image is not None else ("aligned" if x.offset % 4 == 0 else "unaligned")
     kernel, global_size, local_size = _gemv_plan(
-        rt, silu, nt, rows, k, x_form, bool(epilogue), w.bias is None, w.group_size
+        rt, silu, nt, rows, k, x_form, bool(epilogue), w.bias is None, w.group_size, gelu, post_weight is not None
     )
     x_arg = (image, x.offset) if image is not None else (x,)
     rt.launch(
@@ -323,10 +336,16 @@ def _int4_gemv(rt, x, w, out, n, silu=False, epilogue=()):
         k,
         w.group_size.bit_length() - 1,
         *epilogue,
+        *_post(post_weight),
     )
 
 
-def _gemv_passes(rt, x, w, out, silu=False):
+def _post(post_weight) -> tuple:
+    """The post-norm weight's launch argument, where the tail takes one (kernels' POST_NORM_ARGS)."""
+    return () if post_weight is None else (post_weight,)
+
+
+def _gemv_passes(rt, x, w, out, silu=False, gelu=False):
     """The GEMV of the weight's format (int4 or int8) over ``x``'s rows SMALL_N at a time (views: no copies)."""
     gemv = _int8_gemv if w.kind == "int8" else _int4_gemv
     n, cols = out.shape
@@ -334,7 +353,7 @@ def _gemv_passes(rt, x, w, out, silu=False):
     for start in range(0, n, SMALL_N):
         rows = min(SMALL_N, n - start)
         part_x, part_out = rt.view(x, start * k, (rows, k)), rt.view(out, start * cols, (rows, cols))
-        gemv(rt, part_x, w, part_out, rows, silu=silu)
+        gemv(rt, part_x, w, part_out, rows, silu=silu, gelu=gelu)
 
 
 def int4_gemv(rt, x, w, out):
@@ -436,29 +455,50 @@ def _mma_plan(
     unaligned: bool,
     add_norm: bool = False,
     q4_0_bias: bool = False,
+    gelu: bool = False,
+    post_norm: bool = False,
 ) -> tuple[Any, tuple, tuple]:
     """(kernel, global size, local size) of an mma launch, worked out once per shape and kept on the runtime
     with the GEMV's plans (clear_plans forgets both)."""
     plans = rt.__dict__.setdefault("_gemv_plans", {})
-    key = ("mma", silu, n, rows, k, group_size, unaligned, add_norm, q4_0_bias)
+    key = ("mma", silu, n, rows, k, group_size, unaligned, add_norm, q4_0_bias, gelu, post_norm)
     plan = plans.get(key)
     if plan is None:
         config = _mma_config(rt, n, rows, k, group_size, silu, add_norm)
         kernel = rt.kernel(
-            "int4_mma", "int4_mma", SILU=silu, X_UNALIGNED=unaligned, ADD_NORM=add_norm, Q4_0_BIAS=q4_0_bias, **config
+            "int4_mma",
+            "int4_mma",
+            SILU=silu,
+            GELU=gelu,
+            X_UNALIGNED=unaligned,
+            ADD_NORM=add_norm,
+            POST_NORM=post_norm,
+            Q4_0_BIAS=q4_0_bias,
+            **config,
         )
         global_size = (-(-rows // (16 * config["MT"])) * 32 * config["KW"], -(-n // (8 * config["NT8"])))
         plan = plans[key] = (kernel, global_size, (32 * config["KW"], 1))
     return plan
 
 
-def _int4_mma(rt, x, w, out, silu=False, epilogue=()):
-    """out = x @ W.T (``silu``: silu(x @ W_gate.T) * (x @ W_up.T)) on the matrix units, any number of tokens; a
-    non-empty ``epilogue`` (residual, norm weight, normed, eps, counter) adds the add_rmsnorm tail."""
+def _int4_mma(rt, x, w, out, silu=False, epilogue=(), gelu=False, post_weight=None):
+    """out = x @ W.T (``silu``: silu(x @ W_gate.T) * (x @ W_up.T), gelu_tanh with ``gelu``) on the matrix units, any
+    number of tokens; a non-empty ``epilogue`` (residual, norm weight, normed, eps, counter) adds the add_rmsnorm
+    tail (``post_weight`` as in _int4_gemv)."""
     n, rows = out.shape
     k = w.shape[1]
     kernel, global_size, local_size = _mma_plan(
-        rt, silu, n, rows, k, w.group_size, x.offset % 4 != 0, bool(epilogue), w.bias is None
+        rt,
+        silu,
+        n,
+        rows,
+        k,
+        w.group_size,
+        x.offset % 4 != 0,
+        bool(epilogue),
+        w.bias is None,
+        gelu,
+        post_weight is not None,
     )
     if epilogue:
         groups = global_size[0] // local_size[0] * global_size[1]
@@ -474,6 +514,7 @@ def _int4_mma(rt, x, w, out, silu=False, epilogue=()):
         rows,
         k,
         *epilogue,
+        *_post(post_weight),
     )
 
 
@@ -535,13 +576,21 @@ def _int8_options(w) -> dict:
 
 
 def _int8_gemv_plan(
-    rt, silu: bool, nt: int, rows: int, x_form: str, add_norm: bool, scale_f32: bool
+    rt,
+    silu: bool,
+    nt: int,
+    rows: int,
+    x_form: str,
+    add_norm: bool,
+    scale_f32: bool,
+    gelu: bool = False,
+    post_norm: bool = False,
 ) -> tuple[Any, tuple[int, int], tuple[int, int]]:
     """(kernel, global size, local size) of an int8 GEMV launch (kept with the int4 GEMV's plans). Its shape is
     the variant's untuned int4 default (RW, KS, UC: a chunk is 16 bytes in both formats) with PERFX_OPENCL_GEMV's
     RW, KS and UC; `perfx tune` does not tune it."""
     plans = rt.__dict__.setdefault("_gemv_plans", {})
-    key = ("int8", silu, nt, rows, x_form, add_norm, scale_f32)
+    key = ("int8", silu, nt, rows, x_form, add_norm, scale_f32, gelu, post_norm)
     plan = plans.get(key)
     if plan is None:
         base = {**(ADRENO_GEMV_TUNING if rt.variant == "adreno" else GEMV_TUNING), **gemv_overrides()}
@@ -555,7 +604,9 @@ def _int8_gemv_plan(
             "int8_gemv",
             NT=nt,
             SILU=silu,
+            GELU=gelu,
             ADD_NORM=add_norm,
+            POST_NORM=post_norm,
             X_IMAGE=x_form == "image",
             X_UNALIGNED=x_form == "unaligned",
             SCALE_F32=scale_f32,
@@ -565,16 +616,16 @@ def _int8_gemv_plan(
     return plan
 
 
-def _int8_gemv(rt, x, w, out, n, silu=False, epilogue=()):
+def _int8_gemv(rt, x, w, out, n, silu=False, epilogue=(), gelu=False, post_weight=None):
     """int4_gemv's counterpart for int8 weights (kernels/int8.cl), n <= SMALL_N tokens: W read once for all of
-    them; ``silu`` and ``epilogue`` as there."""
+    them; ``silu``, ``epilogue``, ``gelu`` and ``post_weight`` as there."""
     k = w.shape[1]
     rows = w.shape[0] // 2 if silu else w.shape[0]
     nt = 1 << max(0, (n - 1).bit_length())
     image = rt.image_of(x)
     x_form = "image" if image is not None else ("aligned" if x.offset % 4 == 0 else "unaligned")
     kernel, global_size, local_size = _int8_gemv_plan(
-        rt, silu, nt, rows, x_form, bool(epilogue), w.scale.dtype == np.float32
+        rt, silu, nt, rows, x_form, bool(epilogue), w.scale.dtype == np.float32, gelu, post_weight is not None
     )
     x_arg = (image, x.offset) if image is not None else (x,)
     rt.launch(
@@ -590,6 +641,7 @@ def _int8_gemv(rt, x, w, out, n, silu=False, epilogue=()):
         k,
         w.group_size.bit_length() - 1,
         *epilogue,
+        *_post(post_weight),
     )
 
 
@@ -627,19 +679,31 @@ def dense_gemm(rt, x, w, out):
     rt.launch(kernel, (_round_up(m, TILE) // 2, _round_up(n, TILE) // 2), (16, 16), w.data.buffer, x, out, n, m, k)
 
 
-def gate_up_silu(rt, x, w_gate_up, out):
-    n, f = out.shape
-    if w_gate_up.kind == "int4" and on_matrix_units(rt, n):
-        _int4_mma(rt, x, w_gate_up, out, silu=True)
-    elif w_gate_up.kind in ("int4", "int8") and n <= GEMV_PASSES_N:
-        _gemv_passes(rt, x, w_gate_up, out, silu=True)
+def _gate_up(rt, x, w_gate_up, out, gelu: bool) -> bool:
+    """The gated MLP's first half in the matmul's launch where a kernel takes it; False where none does."""
+    if w_gate_up.kind == "int4" and on_matrix_units(rt, out.shape[0]):
+        _int4_mma(rt, x, w_gate_up, out, silu=True, gelu=gelu)
+    elif w_gate_up.kind in ("int4", "int8") and out.shape[0] <= GEMV_PASSES_N:
+        _gemv_passes(rt, x, w_gate_up, out, silu=True, gelu=gelu)
     else:
+        return False
+    return True
+
+
+def gate_up_silu(rt, x, w_gate_up, out):
+    if not _gate_up(rt, x, w_gate_up, out, gelu=False):
         generic_gate_up_silu(rt, x, w_gate_up, out)
 
 
-def linear_add_rmsnorm(rt, x, w, residual, weight, eps, out):
-    """One launch where the matmul kernel can finish the job (kernels/add_norm_tail.cl): the GEMV (int4 or int8) up
-    to SMALL_N tokens, the matrix units (int4) up to MMA_ADD_NORM_N; else the matmul, then add_rmsnorm."""
+def gate_up_gelu(rt, x, w_gate_up, out):
+    if not _gate_up(rt, x, w_gate_up, out, gelu=True):
+        generic_gate_up_gelu(rt, x, w_gate_up, out)  # the matmul, then gelu_mul below
+
+
+def _linear_norm_tail(rt, x, w, residual, weight, eps, out, post_weight=None) -> bool:
+    """linear_add_rmsnorm (with ``post_weight``: linear_post_norm_add_rmsnorm) in the matmul's launch, whose kernel
+    finishes the job (kernels/add_norm_tail.cl): the GEMV (int4 or int8) up to SMALL_N tokens, the matrix units
+    (int4) up to MMA_ADD_NORM_N. False where no kernel takes it."""
     n = out.shape[0]
     mma = w.kind == "int4" and on_matrix_units(rt, n)
     if mma:
@@ -647,15 +711,32 @@ def linear_add_rmsnorm(rt, x, w, residual, weight, eps, out):
     else:
         fused = n <= SMALL_N
     if w.kind not in ("int4", "int8") or not rt.fused_tails or not fused:
-        generic_linear_add_rmsnorm(rt, x, w, residual, weight, eps, out)
-        return
+        return False
     delta = rt.scratch("linear_add_rmsnorm", out.shape)
     epilogue = (residual, weight, out, float(eps), rt.zeroed_ints("add_norm_counter", 2))
     if mma:
-        _int4_mma(rt, x, w, delta, epilogue=epilogue)
+        _int4_mma(rt, x, w, delta, epilogue=epilogue, post_weight=post_weight)
     else:
         gemv = _int8_gemv if w.kind == "int8" else _int4_gemv
-        gemv(rt, x, w, delta, n, epilogue=(*epilogue, 1))
+        gemv(rt, x, w, delta, n, epilogue=(*epilogue, 1), post_weight=post_weight)
+    return True
+
+
+def linear_add_rmsnorm(rt, x, w, residual, weight, eps, out):
+    """One launch where the matmul kernel can finish the job; else the matmul, then add_rmsnorm."""
+    if not _linear_norm_tail(rt, x, w, residual, weight, eps, out):
+        generic_linear_add_rmsnorm(rt, x, w, residual, weight, eps, out)
+
+
+def linear_post_norm_add_rmsnorm(rt, x, w, post_weight, residual, weight, eps, out):
+    """One launch where the matmul kernel can finish the job; else the matmul, then one norms launch."""
+    if _linear_norm_tail(rt, x, w, residual, weight, eps, out, post_weight):
+        return
+    delta = rt.scratch("linear_add_rmsnorm", out.shape)
+    rt.ops.linear(x, w, delta)
+    n, d = out.shape
+    kernel = rt.kernel("elementwise", "post_norm_add_rmsnorm", NORM_WG=NORM_WG)
+    rt.launch(kernel, (NORM_WG * n,), (NORM_WG,), delta, post_weight, residual, weight, out, d, float(eps))
 
 
 def rmsnorm(rt, x, weight, eps, out):
@@ -697,6 +778,44 @@ def sample(rt, logits, rows, out):
 def silu_mul(rt, gate_up, out):
     n, f = out.shape
     rt.launch(rt.kernel("elementwise", "silu_mul"), (_round_up(f, 64), n), None, gate_up, out, f)
+
+
+def gelu_mul(rt, gate_up, out):
+    n, f = out.shape
+    rt.launch(rt.kernel("elementwise", "gelu_mul"), (_round_up(f, 64), n), None, gate_up, out, f)
+
+
+def add_bias(rt, x, bias, out):
+    n, m = out.shape
+    rt.launch(rt.kernel("elementwise", "add_bias"), (_round_up(m, 64), n), None, x, bias, out, m)
+
+
+def _flat(rt, name: str, x, out, value: float) -> None:
+    count = int(np.prod(out.shape))
+    if count:
+        rt.launch(rt.kernel("elementwise", name), (_round_up(count, 256),), None, x, out, count, float(value))
+
+
+def scale(rt, x, factor, out):
+    _flat(rt, "scale", x, out, factor)
+
+
+def softcap(rt, x, cap, out):
+    _flat(rt, "softcap", x, out, cap)
+
+
+HEAD_WG = 64  # threads per head of head_rmsnorm: head_dim 64-256 is 1-4 elements each
+
+
+def head_rmsnorm(rt, qkv, q_weight, k_weight, eps, spec, out):
+    n = out.shape[0]
+    if n:
+        heads = spec.n_heads + 2 * spec.n_kv_heads
+        kernel = rt.kernel("elementwise", "head_rmsnorm", HEAD_WG=HEAD_WG)
+        rt.launch(
+            kernel, (HEAD_WG * heads, n), (HEAD_WG, 1), qkv, q_weight, k_weight, out, spec.head_dim, spec.n_heads,
+            spec.n_kv_heads, float(eps),
+        )  # fmt: skip
 
 
 def _placement(rt, cache, layer, slots, positions, rope, spec, keys=("slots", "positions")) -> tuple:

@@ -111,11 +111,13 @@ GEMMA_CHAT_TEMPLATE = (
 
 GEMMA2 = Family(
     "gemma2", "gemma2", ("gemma2",), hf_norm_offset=1.0, hf_tensors=GEMMA_HF_TENSORS,
-    gguf_values=_gemma2_gguf, hf_values=_gemma2_hf, extra_ops=("gelu_mul", "scale", "softcap"),
+    gguf_values=_gemma2_gguf, hf_values=_gemma2_hf,
+    extra_ops=("gelu_mul", "scale", "softcap", "linear_post_norm_add_rmsnorm"),
     attention_features=("window", "softcap", "scale"), chat_template=GEMMA_CHAT_TEMPLATE,
 )  # fmt: skip
 GEMMA3 = Family(
     "gemma3", "gemma3", ("gemma3_text", "gemma3"), hf_norm_offset=1.0, hf_tensors=GEMMA_HF_TENSORS,
-    gguf_values=_gemma3_gguf, hf_values=_gemma3_hf, extra_ops=("gelu_mul", "scale", "head_rmsnorm"),
+    gguf_values=_gemma3_gguf, hf_values=_gemma3_hf,
+    extra_ops=("gelu_mul", "scale", "head_rmsnorm", "linear_post_norm_add_rmsnorm"),
     attention_features=("window", "scale"), chat_template=GEMMA_CHAT_TEMPLATE,
 )  # fmt: skip

@@ -2,7 +2,9 @@
 // token by a work-group (elementwise.cl's add_rmsnorm), and with -DADD_NORM the tail with which a matmul kernel
 // (int4.cl's GEMV, int4_mma.cl) finishes linear_add_rmsnorm itself: once every work-group has written its part
 // of delta = x @ W.T, residual (n, d) += delta and normed = rmsnorm(residual) * norm_w, which saves the
-// add_rmsnorm launch (on the H200 a launch costs ~5-10 us, the kernel's own work ~1 us at decode sizes).
+// add_rmsnorm launch (on the H200 a launch costs ~5-10 us, the kernel's own work ~1 us at decode sizes). With
+// -DPOST_NORM as well (linear_post_norm_add_rmsnorm: Gemma's norm of a block part's output), delta is first
+// RMS-normed by post_w, which saves a launch more.
 //
 // Who does the tail: the last `finishers` work-groups to finish their tiles (an atomic ticket each), finisher f
 // taking tokens f, f + finishers, ... With one finisher it is the last work-group, which runs when all others
@@ -29,7 +31,9 @@ inline float sum_in_group(__local float* scratch, float value, int tid, int size
     return total;
 }
 
-// residual (d) += delta; normed = rmsnorm(residual) * norm_w for one token, by all `size` work-items of a group.
+// residual (d) += delta; normed = rmsnorm(residual) * norm_w for one token, by all `size` work-items of a group;
+// where post_w is not null, delta is rmsnorm(delta) * post_w (the callers without a post-norm pass a literal 0,
+// so their code compiles as if this did not exist).
 // The loads come in blocks, all issued before the block's stores: a store may alias the next load as far as the
 // compiler knows, so a load-add-store loop waited out a memory round trip per element (on the H200 that made
 // the tail slower than the add_rmsnorm launch it replaces). Where one block covers the token (d <= TAIL_BLOCK *
@@ -40,16 +44,29 @@ inline float sum_in_group(__local float* scratch, float value, int tid, int size
 // counter that the last ticket set, then fences, before loading. That is the release/acquire pattern of PTX's
 // memory model (membar.gl is fence.sc.gpu; the volatile read and the atomics are strong), which orders plain
 // accesses too; PoCL's threads are coherent.
-inline void add_rmsnorm_token(__global const float* delta, __global float* residual, __global const float* norm_w,
-                              __global float* normed, int d, float eps, __local float* scratch, int tid, int size) {
+inline void add_rmsnorm_token(__global const float* delta, __global const float* post_w, __global float* residual,
+                              __global const float* norm_w, __global float* normed, int d, float eps,
+                              __local float* scratch, int tid, int size) {
     if (d <= TAIL_BLOCK * size) {
-        float sum[TAIL_BLOCK], w[TAIL_BLOCK], sq = 0.0f;
+        float sum[TAIL_BLOCK], add[TAIL_BLOCK], w[TAIL_BLOCK], post[TAIL_BLOCK], sq = 0.0f;
 #pragma unroll
         for (int u = 0; u < TAIL_BLOCK; ++u) {
             const int c = tid + u * size;
-            sum[u] = c < d ? residual[c] + delta[c] : 0.0f;
+            sum[u] = c < d ? residual[c] : 0.0f;
+            add[u] = c < d ? delta[c] : 0.0f;
             w[u] = c < d ? norm_w[c] : 0.0f;
+            if (post_w) post[u] = c < d ? post_w[c] : 0.0f;
         }
+        if (post_w) {
+            float add_sq = 0.0f;
+#pragma unroll
+            for (int u = 0; u < TAIL_BLOCK; ++u) add_sq += add[u] * add[u];
+            const float inv = 1.0f / sqrt(sum_in_group(scratch, add_sq, tid, size) / (float)d + eps);
+#pragma unroll
+            for (int u = 0; u < TAIL_BLOCK; ++u) add[u] *= inv * post[u];
+        }
+#pragma unroll
+        for (int u = 0; u < TAIL_BLOCK; ++u) sum[u] += add[u];
 #pragma unroll
         for (int u = 0; u < TAIL_BLOCK; ++u) {
             const int c = tid + u * size;
@@ -64,13 +81,20 @@ inline void add_rmsnorm_token(__global const float* delta, __global float* resid
         }
         return;
     }
+    float post_inv = 1.0f;
+    if (post_w) {
+        float add_sq = 0.0f;
+        for (int c = tid; c < d; c += size) add_sq += delta[c] * delta[c];
+        post_inv = 1.0f / sqrt(sum_in_group(scratch, add_sq, tid, size) / (float)d + eps);
+    }
     float sq = 0.0f;
     for (int first = tid; first < d; first += TAIL_BLOCK * size) {
         float sum[TAIL_BLOCK];
 #pragma unroll
         for (int u = 0; u < TAIL_BLOCK; ++u) {
             const int c = first + u * size;
-            sum[u] = c < d ? residual[c] + delta[c] : 0.0f;
+            const float add = c < d ? delta[c] : 0.0f;
+            sum[u] = c < d ? residual[c] + (post_w ? add * post_inv * post_w[c] : add) : 0.0f;
         }
 #pragma unroll
         for (int u = 0; u < TAIL_BLOCK; ++u) {
@@ -96,13 +120,21 @@ inline void add_rmsnorm_token(__global const float* delta, __global float* resid
 }
 
 #ifdef ADD_NORM
+#ifdef POST_NORM
+#define POST_NORM_ARGS , __global const float *post_w, int post_w_off
+#define POST_W (post_w + post_w_off)
+#else
+#define POST_NORM_ARGS
+#define POST_W 0
+#endif
 #define EPILOGUE_ARGS                                                                                          \
     , __global float *residual, int residual_off, __global const float *norm_w, int norm_w_off,               \
-        __global float *normed, int normed_off, float eps, __global int *counter, int counter_off, int finishers
+        __global float *normed, int normed_off, float eps, __global int *counter, int counter_off,             \
+        int finishers POST_NORM_ARGS
 
 // Called by every work-item of every work-group once its outputs (delta, n x d) are stored. scratch holds
-// `size` floats; ticket is one local int.
-inline void add_norm_tail(__global const float* delta, __global float* residual,
+// `size` floats; ticket is one local int; post_w is POST_W.
+inline void add_norm_tail(__global const float* delta, __global const float* post_w, __global float* residual,
                           __global const float* norm_w, __global float* normed, int n, int d, float eps,
                           __global int* counter, int finishers, __local float* scratch, __local int* ticket, int tid,
                           int size) {
@@ -119,8 +151,8 @@ inline void add_norm_tail(__global const float* delta, __global float* residual,
     barrier(CLK_LOCAL_MEM_FENCE);
     DEVICE_FENCE();
     for (int t = finisher; t < n; t += finishers)
-        add_rmsnorm_token(delta + (size_t)t * d, residual + (size_t)t * d, norm_w, normed + (size_t)t * d, d, eps,
-                          scratch, tid, size);
+        add_rmsnorm_token(delta + (size_t)t * d, post_w, residual + (size_t)t * d, norm_w, normed + (size_t)t * d, d,
+                          eps, scratch, tid, size);
     if (tid == 0 && atomic_inc(counter + 1) == finishers - 1) counter[0] = counter[1] = 0;  // all past the wait
 }
 #else

@@ -1,5 +1,5 @@
-// Row-wise norms and the SwiGLU activation. Activations are float32; every tensor argument is a
-// (pointer, element offset) pair.
+// Row-wise norms, the gated MLPs' activations, the other families' elementwise ops (bias, scale, soft-cap, q/k
+// norm), argmax and sampling. Activations are float32; every tensor argument is a (pointer, element offset) pair.
 
 #ifndef NORM_WG
 #define NORM_WG 256  // threads per row (set by ops.py)
@@ -43,18 +43,84 @@ __kernel __attribute__((reqd_work_group_size(NORM_WG, 1, 1))) void add_rmsnorm(
     int w_off, __global float* out, int out_off, int d, float eps) {
     __local float scratch[NORM_WG];
     const size_t base = (size_t)get_group_id(0) * d;
-    add_rmsnorm_token(x + x_off + base, residual + r_off + base, weight + w_off, out + out_off + base, d, eps, scratch,
-                      get_local_id(0), NORM_WG);
+    add_rmsnorm_token(x + x_off + base, 0, residual + r_off + base, weight + w_off, out + out_off + base, d, eps,
+                      scratch, get_local_id(0), NORM_WG);
 }
 
-// out (n, f) = silu(gate_up[:, :f]) * gate_up[:, f:]; g / (1 + exp(-g)) is finite for any g (exp -> inf
-// gives -0). Global size (f, n).
+// residual += rmsnorm(x) * post_w (in place), then out = rmsnorm(residual) * weight: linear_post_norm_add_rmsnorm
+// after a matmul that could not take the tail. One row per work-group.
+__kernel __attribute__((reqd_work_group_size(NORM_WG, 1, 1))) void post_norm_add_rmsnorm(
+    __global const float* x, int x_off, __global const float* post_w, int p_off, __global float* residual, int r_off,
+    __global const float* weight, int w_off, __global float* out, int out_off, int d, float eps) {
+    __local float scratch[NORM_WG];
+    const size_t base = (size_t)get_group_id(0) * d;
+    add_rmsnorm_token(x + x_off + base, post_w + p_off, residual + r_off + base, weight + w_off, out + out_off + base,
+                      d, eps, scratch, get_local_id(0), NORM_WG);
+}
+
+// out (n, f) = silu(gate_up[:, :f]) * gate_up[:, f:] (gate_activation.cl). Global size (f, n).
 __kernel void silu_mul(__global const float* gate_up, int gu_off, __global float* out, int out_off, int f) {
     const int c = get_global_id(0), row = get_global_id(1);
     if (c >= f) return;
-    const float g = gate_up[gu_off + row * 2 * f + c];
-    const float u = gate_up[gu_off + row * 2 * f + f + c];
-    out[out_off + row * f + c] = g / (1.0f + exp(-g)) * u;
+    const size_t at = gu_off + (size_t)row * 2 * f + c;
+    out[out_off + (size_t)row * f + c] = silu(gate_up[at]) * gate_up[at + f];
+}
+
+// out (n, f) = gelu_tanh(gate_up[:, :f]) * gate_up[:, f:]: GeGLU's activation. Global size (f, n).
+__kernel void gelu_mul(__global const float* gate_up, int gu_off, __global float* out, int out_off, int f) {
+    const int c = get_global_id(0), row = get_global_id(1);
+    if (c >= f) return;
+    const size_t at = gu_off + (size_t)row * 2 * f + c;
+    out[out_off + (size_t)row * f + c] = gelu_tanh(gate_up[at]) * gate_up[at + f];
+}
+
+// -- the ops of families beyond Llama ------------------------------------------------------------------------
+
+// out (n, m) = x + bias (Qwen2's q/k/v biases). Global size (m, n).
+__kernel void add_bias(__global const float* x, int x_off, __global const float* bias, int b_off,
+                       __global float* out, int out_off, int m) {
+    const int c = get_global_id(0), row = get_global_id(1);
+    if (c >= m) return;
+    const size_t at = (size_t)row * m + c;
+    out[out_off + at] = x[x_off + at] + bias[b_off + c];
+}
+
+// out = x * factor over ``count`` elements (Gemma's embedding scale). Global size (count).
+__kernel void scale(__global const float* x, int x_off, __global float* out, int out_off, int count, float factor) {
+    const int i = get_global_id(0);
+    if (i < count) out[out_off + i] = x[x_off + i] * factor;
+}
+
+// out = cap * tanh(x / cap) over ``count`` elements (Gemma 2's logit soft-capping). Global size (count).
+__kernel void softcap(__global const float* x, int x_off, __global float* out, int out_off, int count, float cap) {
+    const int i = get_global_id(0);
+    if (i < count) out[out_off + i] = cap * tanh(x[x_off + i] / cap);
+}
+
+#ifndef HEAD_WG
+#define HEAD_WG 64  // threads per head of head_rmsnorm (set by ops.py)
+#endif
+
+// qkv (n, qkv_dim) with its q heads RMS-normed by q_weight (head_dim,), its k heads by k_weight, its v copied:
+// the q/k norm of Gemma 3 and Qwen3. One work-group per (head, row): groups 0..n_heads-1 take the q heads, the
+// next n_kv_heads the k heads, the last n_kv_heads the v heads. Global size (HEAD_WG * heads, n).
+__kernel __attribute__((reqd_work_group_size(HEAD_WG, 1, 1))) void head_rmsnorm(
+    __global const float* qkv, int qkv_off, __global const float* q_weight, int qw_off,
+    __global const float* k_weight, int kw_off, __global float* out, int out_off, int head_dim, int n_heads,
+    int n_kv_heads, float eps) {
+    __local float scratch[HEAD_WG];
+    const int lid = get_local_id(0), head = get_group_id(0);
+    const size_t base = (size_t)get_group_id(1) * (n_heads + 2 * n_kv_heads) * head_dim + (size_t)head * head_dim;
+    __global const float* x = qkv + qkv_off + base;
+    __global float* y = out + out_off + base;
+    // A v head sums too and drops the sum: every work-group reaches the same barriers (PoCL crashes on a
+    // work-group that returns before them, though the whole group would).
+    const bool copy = head >= n_heads + n_kv_heads;
+    __global const float* w = head < n_heads ? q_weight + qw_off : k_weight + kw_off;
+    float sq = 0.0f;
+    for (int c = lid; c < head_dim; c += HEAD_WG) sq += x[c] * x[c];
+    const float inv = 1.0f / sqrt(sum_over_group(scratch, sq, HEAD_WG) / (float)head_dim + eps);
+    for (int c = lid; c < head_dim; c += HEAD_WG) y[c] = copy ? x[c] : x[c] * inv * w[c];
 }
 
 // -- argmax --------------------------------------------------------------------------------------------------

@@ -185,7 +185,7 @@ inline int chunk_idot(uint4 lo, uint4 hi, __local const uint4* xq) {
 #endif
 
 // out (n, cols) = x (n, k) @ W.T for n <= NT; with -DSILU, W = [W_gate; W_up] (2 cols, k) and
-// out = silu(x @ W_gate.T) * (x @ W_up.T). With -DADD_NORM (linear_add_rmsnorm) the kernel also does
+// out = silu(x @ W_gate.T) * (x @ W_up.T) (gelu_tanh with -DGELU as well). With -DADD_NORM (linear_add_rmsnorm) the kernel also does
 // residual += out; normed = rmsnorm(residual) * norm_w (add_norm_tail.cl). Each work-group covers RW * CR
 // output columns, thread (lr, split) takes column slots lr + r*RW and the chunks split, split + KS, ...; the KS
 // partial sums meet in local memory. Global size (ceil(cols / cols per work-group) * RW, KS), local (RW, KS).
@@ -327,14 +327,14 @@ __kernel __attribute__((reqd_work_group_size(RW, KS, 1))) void int4_gemv(
 #ifdef SILU
         float up = 0.0f;
         for (int i = 0; i < KS; ++i) up += partial[i][lr][(r + CR) * NT + t];
-        total = total / (1.0f + exp(-total)) * up;
+        total = GATE_ACTIVATION(total) * up;
 #endif
         out[out_off + (size_t)t * cols + col] = total;
     }
 #ifdef ADD_NORM
     __local int ticket;
-    add_norm_tail(out + out_off, residual + residual_off, norm_w + norm_w_off, normed + normed_off, n, cols, eps,
-                  counter + counter_off, finishers, &partial[0][0][0], &ticket, split * RW + lr, RW * KS);
+    add_norm_tail(out + out_off, POST_W, residual + residual_off, norm_w + norm_w_off, normed + normed_off, n,
+                  cols, eps, counter + counter_off, finishers, &partial[0][0][0], &ticket, split * RW + lr, RW * KS);
 #endif
 }
 

@@ -24,7 +24,7 @@
 // Work split: a work-group is KW warps over the same MT x 16 rows and NT8 x 8 tokens, warp w taking the w-th
 // of KW equal runs of chunks (the host keeps KW a divisor of k / 32), summed through local memory at the end.
 // Global size (ceil(rows / (16 * MT)) * 32 * KW, ceil(n / (8 * NT8))), local (32 * KW, 1).
-// SILU: W is [W_gate; W_up] (2 * rows rows) and out = silu(x @ W_gate.T) * (x @ W_up.T).
+// SILU: W is [W_gate; W_up] (2 * rows rows) and out = silu(x @ W_gate.T) * (x @ W_up.T); SILU and GELU: gelu_tanh.
 // ADD_NORM (not with SILU): linear_add_rmsnorm's residual add and RMSNorm after the matmul (add_norm_tail.cl).
 
 #ifndef MT
@@ -239,7 +239,7 @@ __kernel __attribute__((reqd_work_group_size(32 * KW, 1, 1))) void int4_mma(
                     if (row >= rows || token >= n) continue;
 #ifdef SILU
                     const float gate = acc[i][j][e];
-                    const float v = gate / (1.0f + exp(-gate)) * acc[MT + i][j][e];
+                    const float v = GATE_ACTIVATION(gate) * acc[MT + i][j][e];
 #else
                     const float v = acc[i][j][e];
 #endif
@@ -248,7 +248,7 @@ __kernel __attribute__((reqd_work_group_size(32 * KW, 1, 1))) void int4_mma(
 #ifdef ADD_NORM
     __local float norm_scratch[32 * KW];
     __local int ticket;
-    add_norm_tail(out + out_off, residual + residual_off, norm_w + norm_w_off, normed + normed_off, n, rows, eps,
-                  counter + counter_off, finishers, norm_scratch, &ticket, get_local_id(0), 32 * KW);
+    add_norm_tail(out + out_off, POST_W, residual + residual_off, norm_w + norm_w_off, normed + normed_off, n,
+                  rows, eps, counter + counter_off, finishers, norm_scratch, &ticket, get_local_id(0), 32 * KW);
 #endif
 }

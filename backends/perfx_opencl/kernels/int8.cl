@@ -1,7 +1,7 @@
 // int8 GEMV: out (n, cols) = x (n, k) @ W.T for n <= NT tokens, each weight byte read once per pass (the layout is
 // int8_weight.cl's), and the int8 embedding gather. The same scheme as int4.cl's int4_gemv: RW row lanes x KS
 // k-splits per work-group, one output column per lane, UC chunks loaded together; with -DSILU, W = [W_gate; W_up]
-// (2 cols, k) and out = silu(x @ W_gate.T) * (x @ W_up.T); with -DADD_NORM the add + RMSNorm tail
+// (2 cols, k) and out = silu(x @ W_gate.T) * (x @ W_up.T) (gelu_tanh with -DGELU as well); with -DADD_NORM the add + RMSNorm tail
 // (add_norm_tail.cl). Global size (ceil(cols / RW) * RW, KS), local (RW, KS).
 
 #ifndef NT
@@ -117,14 +117,14 @@ __kernel __attribute__((reqd_work_group_size(RW, KS, 1))) void int8_gemv(
 #ifdef SILU
         float up = 0.0f;
         for (int i = 0; i < KS; ++i) up += partial[i][lr][NT + t];
-        total = total / (1.0f + exp(-total)) * up;
+        total = GATE_ACTIVATION(total) * up;
 #endif
         out[out_off + (size_t)t * cols + col] = total;
     }
 #ifdef ADD_NORM
     __local int ticket;
-    add_norm_tail(out + out_off, residual + residual_off, norm_w + norm_w_off, normed + normed_off, n, cols, eps,
-                  counter + counter_off, finishers, &partial[0][0][0], &ticket, split * RW + lr, RW * KS);
+    add_norm_tail(out + out_off, POST_W, residual + residual_off, norm_w + norm_w_off, normed + normed_off, n,
+                  cols, eps, counter + counter_off, finishers, &partial[0][0][0], &ticket, split * RW + lr, RW * KS);
 #endif
 }
 
