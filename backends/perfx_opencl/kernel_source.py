@@ -12,13 +12,14 @@ KERNEL_DIR = Path(__file__).parent / "kernels"
 # weights' group bias and the gated MLP's activations.
 KERNEL_PRELUDE = ("device_fence.cl", "add_norm_tail.cl", "int4_bias.cl", "gate_activation.cl")
 # Pieces only some kernel files need, after the prelude: the KV cache's layout, the matrix units, the int8 weights'
-# layout and byte decoding.
+# layout and byte decoding, the tiled GEMMs' loads, multiply-adds and stores.
 FILE_PRELUDES = {
     "attention": ("kv_layout.cl",),
     "attention_mma": ("kv_layout.cl", "mma.cl"),
     "int4_mma": ("mma.cl",),
+    "int4_gemm": ("gemm_tile.cl",),
     "int8": ("int8_weight.cl",),
-    "int8_gemm": ("int8_weight.cl",),
+    "int8_gemm": ("int8_weight.cl", "gemm_tile.cl"),
 }
 
 

@@ -1,20 +1,6 @@
 // Tiled int4 GEMM for prefill and other n > 16: out (n, m) = x (n, k) @ W.T, W in int4.cl's chunk-major
-// layout (packed uint4 (k/32, m), half scale and float bias (k/g, m)).
-//
-// A 16x16 work-group computes a tile of TM = 16 * TPT tokens x TN = 128 rows, TPT x 8 per thread, from
-// local-memory copies of one 32-column chunk of x and of the dequantized W at a time. Both copies are
-// k-major ([kk][token], [kk][row]), so a thread reads its 8 rows and 4 or 8 tokens as float4s: two or
-// three 16-byte local loads feed 32 or 64 multiply-adds (the previous kernel read scalars: 12 loads for 32).
-// A thread's rows are 4 consecutive ones in each half of the tile (tx*4.. and 64 + tx*4..), so the 16
-// threads of a row of the work-group read 256 contiguous bytes of each half, with no bank conflicts.
-// Global size (ceil(m / 128) * 16, ceil(n / TM) * 16), local (16, 16).
-
-#ifndef TPT
-#define TPT 8  // tokens per thread: 4 or 8
-#endif
-#define TN 128
-#define TM (16 * TPT)
-#define KT 32
+// layout (packed uint4 (k/32, m), half scale and float bias (k/g, m)). The tile is gemm_tile.cl's, one 32-column
+// chunk of x and of the dequantized W at a time. Global size (ceil(m / 128) * 16, ceil(n / TM) * 16), local (16, 16).
 
 __kernel __attribute__((reqd_work_group_size(16, 16, 1))) void int4_gemm(
     __global const uint4* packed, __global const half* scale, __global const float* bias, __global const float* x,
@@ -54,43 +40,10 @@ __kernel __attribute__((reqd_work_group_size(16, 16, 1))) void int4_gemm(
 #pragma unroll
             for (int kk = 0; kk < KT; ++kk) wsf[kk * TN + tid] = v[kk];
         }
-        // x: TM tokens x 8 float4s; consecutive threads take consecutive tokens (conflict-free stores).
-        for (int e = tid; e < TM * 8; e += 256) {
-            const int t = e % TM, q = e / TM, token = token0 + t;
-            const float4 v = token < n ? vload4(0, x + x_off + (size_t)token * k + k0 + 4 * q) : (float4)(0.0f);
-            xsf[(4 * q) * TM + t] = v.x;
-            xsf[(4 * q + 1) * TM + t] = v.y;
-            xsf[(4 * q + 2) * TM + t] = v.z;
-            xsf[(4 * q + 3) * TM + t] = v.w;
-        }
+        gemm_load_x(x + x_off, n, k, token0, k0, xsf, tid);
         barrier(CLK_LOCAL_MEM_FENCE);
-#pragma unroll 8
-        for (int kk = 0; kk < KT; ++kk) {
-            const float4 b0 = ws[kk][tx], b1 = ws[kk][16 + tx];
-            const float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
-            float a[TPT];
-            const float4 a0 = xs[kk][ty];
-            a[0] = a0.x, a[1] = a0.y, a[2] = a0.z, a[3] = a0.w;
-#if TPT == 8
-            const float4 a1 = xs[kk][16 + ty];
-            a[4] = a1.x, a[5] = a1.y, a[6] = a1.z, a[7] = a1.w;
-#endif
-#pragma unroll
-            for (int j = 0; j < TPT; ++j)
-#pragma unroll
-                for (int i = 0; i < 8; ++i) acc[j][i] = fma(a[j], b[i], acc[j][i]);
-        }
+        gemm_tile_mac(ws, xs, acc, tx, ty);
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    // Token j of the thread is ty*4 + j (j < 4) or 64 + ty*4 + j-4; row i is tx*4 + i or 64 + tx*4 + i-4.
-#pragma unroll
-    for (int j = 0; j < TPT; ++j) {
-        const int token = token0 + (j < 4 ? 4 * ty + j : 64 + 4 * ty + j - 4);
-        if (token >= n) continue;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int row = row0 + (i < 4 ? 4 * tx + i : 64 + 4 * tx + i - 4);
-            if (row < m) out[out_off + (size_t)token * m + row] = acc[j][i];
-        }
-    }
+    gemm_tile_store(acc, out + out_off, n, m, token0, row0, tx, ty);
 }
