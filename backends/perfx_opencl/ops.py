@@ -74,6 +74,7 @@ GEMM_ROWS = 128  # weight rows per int4 GEMM work-group (kernels/int4_gemm.cl), 
 GEMM_TPT8_LOCAL_BYTES = 32 * 128 * 4 * 2  # its local copies of a chunk at 128 tokens: 32 x (128 rows + 128 tokens)
 NORM_WG = 512  # threads per row of the norm kernels (kernels/elementwise.cl): one work-group per row
 ARGMAX_WG = 256  # threads per row of argmax_rows
+HEAD_WG = 64  # threads per head of head_rmsnorm (kernels/elementwise.cl): head_dim 64-256 is 1-4 elements each
 ATT_WG = 128  # kernels/attention.cl
 ATT_PART = 128  # key positions per attention work-group: long contexts split over more work-groups
 # The fused decode kernel splits a row's context over work-groups (kernels/attention.cl): at most one split per
@@ -802,9 +803,6 @@ def scale(rt, x, factor, out):
 
 def softcap(rt, x, cap, out):
     _flat(rt, "softcap", x, out, cap)
-
-
-HEAD_WG = 64  # threads per head of head_rmsnorm: head_dim 64-256 is 1-4 elements each
 
 
 def head_rmsnorm(rt, qkv, q_weight, k_weight, eps, spec, out):

@@ -113,8 +113,8 @@ __kernel __attribute__((reqd_work_group_size(HEAD_WG, 1, 1))) void head_rmsnorm(
     const size_t base = (size_t)get_group_id(1) * (n_heads + 2 * n_kv_heads) * head_dim + (size_t)head * head_dim;
     __global const float* x = qkv + qkv_off + base;
     __global float* y = out + out_off + base;
-    // A v head sums too and drops the sum: every work-group reaches the same barriers (PoCL crashes on a
-    // work-group that returns before them, though the whole group would).
+    // A v head sums too and drops the sum, so every work-group reaches the same barriers: PoCL 3.1 crashed on this
+    // kernel when the v heads' work-groups returned before them.
     const bool copy = head >= n_heads + n_kv_heads;
     __global const float* w = head < n_heads ? q_weight + qw_off : k_weight + kw_off;
     float sq = 0.0f;
