@@ -89,6 +89,18 @@ def llama_run(llm, prompt, gen_tokens):
     return prefill_s, time.perf_counter() - start
 
 
+def _cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), which platform.processor() leaves empty on Linux."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     # Thread counts must be set before NumPy/numba start their pools.
@@ -162,12 +174,23 @@ def main(argv=None) -> int:
         "prompt_tokens": args.prompt_tokens,
         "gen_tokens": args.gen_tokens,
         "repeat": args.repeat,
-        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpu_count": os.cpu_count()},
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor(),
+            "cpu_count": os.cpu_count(),
+            "cpu_model": _cpu_model(),
+        },
         # 1-minute load averages around the timed runs (this process adds ~threads while it runs).
         "load_average": {"before": load_before[0], "after": load_after[0]},
         "perfx_numba_parallel": os.environ.get("PERFX_NUMBA_PARALLEL", "auto"),
         "perfx": {**perfx_s, "backend": args.backend, "load_s": perfx_load_s, "ops": dict(engine.rt.ops.sources)},
-        "llama.cpp": {**llama_s, "load_s": llama_load_s, "version": getattr(llama_cpp, "__version__", "?")},
+        "llama.cpp": {
+            **llama_s,
+            "load_s": llama_load_s,
+            "version": getattr(llama_cpp, "__version__", "?"),
+            # which instruction sets the build uses: an AVX2 build and a native (AVX-512, VNNI) one differ a lot
+            "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
+        },
         "ratio_perfx_over_llamacpp": {
             "decode": perfx_s["decode_tokens_per_s"] / llama_s["decode_tokens_per_s"],
             "prefill": perfx_s["prefill_tokens_per_s"] / llama_s["prefill_tokens_per_s"],

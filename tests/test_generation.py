@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from backend_availability import open_runtime_or_skip
 from golden_text import GOLDEN_TEXT
+from logits_tolerance import assert_same_logits
 
 from perfx_core import ContextLengthError, InvalidArgumentError
 
@@ -146,7 +147,7 @@ def test_chunked_prefill_matches_one_chunk(smollm2):
         chunked = smollm2.logits(ids)
     finally:
         engine.prefill_chunk = saved
-    np.testing.assert_allclose(chunked, whole, rtol=1e-4, atol=1e-3)
+    assert_same_logits(chunked, whole)
 
 
 def test_decode_continues_prefill_exactly(smollm2):

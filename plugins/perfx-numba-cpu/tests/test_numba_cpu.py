@@ -176,10 +176,18 @@ def test_int8_gemm_runs_on_the_weights_own_arrays(plugin_env, monkeypatch, mode)
     values = dequantize(weight, np.float64)
     for n in (1, 2, 3, 8, 9, 40):
         x = rng.standard_normal((n, k)).astype(np.float32)
+        want = x @ values.T
+        # Up to INT8_MAX_N rows x is rounded to int16 steps of its 32-column piece's max / 32767: each output
+        # may move by half a step times the row's |w| per piece.
+        tolerance = 1e-4
+        if n <= perfx_numba_cpu.INT8_MAX_N:
+            step = np.abs(x.reshape(n, -1, 32)).max(axis=2) / 32767
+            tolerance += 0.5 * np.einsum("jp,rp->jr", step, np.abs(values).reshape(m, -1, 32).sum(axis=2))
         for op in ("int8_gemm", "linear", "logits"):
             out = np.full((n, m), np.nan, dtype=np.float32)
             getattr(rt.ops, op)(x, w, out)
-            np.testing.assert_allclose(out, x @ values.T, rtol=1e-4, atol=1e-4, err_msg=f"{op} n={n}")
+            assert np.all(np.abs(out - want) <= tolerance + 1e-4 * np.abs(want)), f"{op} n={n}"
+            assert ((out - want) ** 2).sum() / (want**2).sum() < 1e-8, f"{op} n={n}"
     assert w._float32 is None and perfx_numba_cpu.ATTR not in w.__dict__
     assert rt.weight_bytes(w) == weight.codes.nbytes + weight.scale.nbytes == m * k * 17 // 16
 
@@ -259,3 +267,27 @@ def test_the_rows_benchmark_times_this_plugins_kernels():
     assert [(p["shape"], p["rows"]) for p in points] == [(s, n) for s in ("int4:192x64", "int8:100x64") for n in (1, 5)]
     assert all(p["op"].startswith(PLUGIN) and p["us_per_call"] > 0 for p in points)
     assert [p["per_row_vs_one_row"] for p in points][::2] == [1.0, 1.0]
+
+
+def test_vector_dot_products_are_exact_at_the_extremes_and_any_offset():
+    """The integer dot products behind the int8 GEMV: every lane at its most negative code times the most
+    negative int16 (the largest sum they can make), unsigned codes, and starts that are not multiples of the
+    width, all equal to NumPy's int64 sums."""
+    from numba import njit
+
+    from perfx_numba_cpu.vector_dot import dot16, dot32
+
+    @njit
+    def both(a, ia, b, ib):
+        return dot16(a, ia, b, ib), dot32(a, ia, b, ib)
+
+    rng = np.random.default_rng(0)
+    cases = [
+        (np.full(40, -128, np.int8), np.full(40, -32768, np.int16)),
+        (rng.integers(-128, 128, 100, dtype=np.int8), rng.integers(-32768, 32768, 100, dtype=np.int16)),
+        (rng.integers(0, 256, 100, dtype=np.uint8), rng.integers(-32768, 32768, 100, dtype=np.int16)),
+    ]
+    for a, b in cases:
+        for ia, ib in ((0, 0), (3, 7), (len(a) - 32, len(b) - 32)):
+            want = [int((a[ia : ia + n].astype(np.int64) * b[ib : ib + n]).sum()) for n in (16, 32)]
+            assert list(both(a, ia, b, ib)) == want, (a.dtype, ia, ib)
