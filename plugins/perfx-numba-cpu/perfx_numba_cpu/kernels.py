@@ -390,10 +390,14 @@ def quantize_x_int16(x, lanes, xq, xs):
         for p in range(k // lanes):
             amax = F32(0.0)
             for i in range(p * lanes, p * lanes + lanes):
-                amax = max(amax, abs(xr[i]))
+                v = xr[i]
+                if v != v:  # NaN (max() would skip it)
+                    return False
+                amax = max(amax, abs(v))
             if not math.isfinite(amax):
                 return False
-            s = amax / INT16_STEP
+            # A piece below 1e-30 counts as zero: 1 / s would overflow for the smallest floats.
+            s = amax / INT16_STEP if amax >= F32(1e-30) else F32(0.0)
             xs[j, p] = s
             inv = F32(0.0) if s == 0 else F32(1.0) / s
             for i in range(p * lanes, p * lanes + lanes):

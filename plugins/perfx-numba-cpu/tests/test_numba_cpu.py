@@ -274,7 +274,6 @@ def test_vector_dot_products_are_exact_at_the_extremes_and_any_offset():
     negative int16 (the largest sum they can make), unsigned codes, and starts that are not multiples of the
     width, all equal to NumPy's int64 sums."""
     from numba import njit
-
     from perfx_numba_cpu.vector_dot import dot16, dot32
 
     @njit
@@ -291,3 +290,19 @@ def test_vector_dot_products_are_exact_at_the_extremes_and_any_offset():
         for ia, ib in ((0, 0), (3, 7), (len(a) - 32, len(b) - 32)):
             want = [int((a[ia : ia + n].astype(np.int64) * b[ib : ib + n]).sum()) for n in (16, 32)]
             assert list(both(a, ia, b, ib)) == want, (a.dtype, ia, ib)
+
+
+def test_int16_rounding_of_x_keeps_tiny_and_non_finite_pieces_safe():
+    """A piece of x far below float32's normal range is taken as zero (its reciprocal scale would overflow), and a
+    piece with an infinity or NaN is refused, so that the float kernel propagates it."""
+    from perfx_numba_cpu.kernels import quantize_x_int16
+
+    x = np.ones((1, 64), np.float32)
+    x[0, :32] = 1e-36
+    xq, xs = np.empty((1, 64), np.int16), np.empty((1, 2), np.float32)
+    assert quantize_x_int16(x, 32, xq, xs)
+    assert np.all(xq[0, :32] == 0) and xs[0, 0] == 0
+    assert np.all(xq[0, 32:] == 32767) and xs[0, 1] == np.float32(1.0) / np.float32(32767.0)
+    for bad in (np.inf, np.nan):
+        x[0, 40] = bad
+        assert not quantize_x_int16(x, 32, xq, xs)
