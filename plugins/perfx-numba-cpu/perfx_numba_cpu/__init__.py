@@ -10,7 +10,7 @@
 - ``int8_gemm`` (int8 codes, a scale per group: GGUF Q8_0 and Q5_0 in float16, e.g. SmolLM2's tied
   embedding/output, Q6_K in float32) with n <= INT8_MAX_N: a kernel on the weight's own arrays (no copy),
   4x less memory traffic than a float32 sgemv. With groups of 16 or 32 columns (every GGUF type) x is rounded
-  to int16 per group and each group is one integer dot product (vector_dot); other groups take the float
+  to int16 per group and a row is one integer multiply-add intrinsic (vector_dot); other groups take the float
   kernel, each code widened once for kernels.TILE rows of x. Larger n: blocks of rows dequantized into one
   reused buffer for BLAS. ``dense_gemm``: NumPy's BLAS.
 - fused ``rmsnorm``, ``add_rmsnorm``, ``head_rmsnorm``, ``silu_mul``, ``attention_decode`` (float32 caches;
@@ -220,21 +220,29 @@ def int8_gemm(rt, x, w, out) -> None:
     if weight.scale.dtype == np.float16:
         scales = weight.scale.view(np.int16)  # numba has no float16: the kernels look the bits up in F16
         matvec, matvec_serial = K.int8_matvec, K.int8_matvec_serial
-        int16_matvec, int16_matvec_serial = K.int8_matvec_int16, K.int8_matvec_int16_serial
         dequantize = K.int8_dequantize if PARALLEL_MODE == "always" else K.int8_dequantize_serial
     else:  # float32 scales (Q6_K)
         scales = weight.scale
         matvec, matvec_serial = K.int8_matvec_f32, K.int8_matvec_f32_serial
-        int16_matvec, int16_matvec_serial = K.int8_matvec_int16_f32, K.int8_matvec_int16_f32_serial
         dequantize = K.int8_dequantize_f32 if PARALLEL_MODE == "always" else K.int8_dequantize_f32_serial
     # Groups of 16 or 32 (Q6_K, Q8_0, Q5_0): x in int16 (kernels.int8_matvec_int16), every row of x on its own, so
-    # a row's result does not depend on the batch it is in; 4-32 rows cost what the float kernel's tiles cost.
+    # a row's result does not depend on the batch it is in; at 8 rows it took 0.5-0.6 of the float kernel's time.
     # Groups of 64 and 128 (perfx's own int8 files) stay on the float kernel, faster there.
     if n <= INT8_MAX_N and weight.group_size in (16, 32) and weight.codes.flags.c_contiguous:
         xq = np.empty(x.shape, dtype=np.int16)
         xs = np.empty((n, x.shape[1] // weight.group_size), dtype=np.float32)
         if K.quantize_x_int16(x, weight.group_size, xq, xs):
-            _run(int16_matvec, int16_matvec_serial, n * weight.codes.size, weight.codes, scales, F16, xq, xs, out)
+            _run(
+                K.int8_matvec_int16,
+                K.int8_matvec_int16_serial,
+                n * weight.codes.size,
+                weight.codes,
+                scales,
+                F16,
+                xq,
+                xs,
+                out,
+            )
             return
     if n <= INT8_MAX_N:
         _run(matvec, matvec_serial, n * weight.codes.size, weight.codes, scales, F16, x, out)

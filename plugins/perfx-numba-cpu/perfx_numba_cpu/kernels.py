@@ -17,7 +17,7 @@ import types
 import numpy as np
 from numba import njit, prange
 
-from .vector_dot import dot16, dot32
+from .vector_dot import scaled_row_dot16, scaled_row_dot32
 
 FM = {"reassoc", "contract", "arcp", "nsz", "afn"}
 F32 = np.float32
@@ -372,11 +372,12 @@ def int8_matvec(q, scales, f16, x, out):
                     out[j0 + jj, r] = a
 
 
-# x in int16 per piece of a group (16 or 32 columns, the weight's group size), each piece one integer dot product
-# with a row's codes (vector_dot). Sums of int8 * int16 products need no float conversion of the codes and no
-# float reduction per group, which bound the float loop above: at Gemma 3's 262144 x 640 Q8_0 output matrix
-# one row of x takes 5.5 against 7.2 ms on two threads (the machine reads those 168 MB in ~4 ms). x's rounding
-# to int16 (a scale per piece, max |x| / 32767) adds an NMSE of ~1e-9.
+# x in int16 per piece of a group (16 or 32 columns, the weight's group size); a row is then one intrinsic
+# (vector_dot.scaled_row_dot*): int8 * int16 products added pairwise in integers, scaled per group into one float
+# vector. The float loop above converts every code to float32 and sums each group horizontally, which bounds it:
+# at Gemma 3's 262144 x 640 Q8_0 output matrix one row of x takes 4.0 against 5.4-5.8 ms on two threads (the
+# machine reads those 168 MB in ~4 ms), 8 rows 19 against 32 ms. x's rounding to int16 (a scale per piece,
+# max |x| / 32767) adds an NMSE of ~1e-9.
 INT16_STEP = F32(32767.0)
 
 
@@ -408,29 +409,18 @@ def quantize_x_int16(x, lanes, xq, xs):
 @njit(parallel=True, fastmath=FM, cache=True, nogil=True)
 def int8_matvec_int16(q, scales, f16, xq, xs, out):
     """out (n, m) = x @ W.T as int8_matvec, for a weight whose groups are 16 or 32 columns (Q6_K, Q8_0, Q5_0),
-    from x quantized by quantize_x_int16 with one piece per group."""
+    from x quantized by quantize_x_int16 with one piece per group; ``scales`` float16 bits viewed as int16
+    (looked up in ``f16``, f16_table), or float32."""
     m, k = q.shape
     n, groups = xs.shape
     if k // groups == 16:
         for r in prange(m):
-            qrow = q[r]
             for j in range(n):
-                xr = xq[j]
-                xsj = xs[j]
-                acc = F32(0.0)
-                for b in range(groups):
-                    acc += (_group_scale(scales, r, b, f16) * xsj[b]) * F32(dot16(qrow, b * 16, xr, b * 16))
-                out[j, r] = acc
+                out[j, r] = scaled_row_dot16(q[r], scales[r], f16, xq[j], xs[j])
         return
     for r in prange(m):
-        qrow = q[r]
         for j in range(n):
-            xr = xq[j]
-            xsj = xs[j]
-            acc = F32(0.0)
-            for b in range(groups):
-                acc += (_group_scale(scales, r, b, f16) * xsj[b]) * F32(dot32(qrow, b * 32, xr, b * 32))
-            out[j, r] = acc
+            out[j, r] = scaled_row_dot32(q[r], scales[r], f16, xq[j], xs[j])
 
 
 @njit(parallel=True, fastmath=FM, cache=True, nogil=True)
@@ -683,8 +673,6 @@ int8_dequantize_serial = _twin(int8_dequantize, "int8_dequantize_serial")
 # The same int8 loops on float32 scales (Q6_K), parallel and serial.
 int8_matvec_f32 = _twin(int8_matvec, "int8_matvec_f32", parallel=True, _group_scale=_own_scale)
 int8_matvec_f32_serial = _twin(int8_matvec, "int8_matvec_f32_serial", _group_scale=_own_scale)
-int8_matvec_int16_f32 = _twin(int8_matvec_int16, "int8_matvec_int16_f32", parallel=True, _group_scale=_own_scale)
-int8_matvec_int16_f32_serial = _twin(int8_matvec_int16, "int8_matvec_int16_f32_serial", _group_scale=_own_scale)
 int8_dequantize_f32 = _twin(int8_dequantize, "int8_dequantize_f32", parallel=True, _group_scale=_own_scale)
 int8_dequantize_f32_serial = _twin(int8_dequantize, "int8_dequantize_f32_serial", _group_scale=_own_scale)
 silu_mul_serial = _twin(silu_mul, "silu_mul_serial")

@@ -269,27 +269,36 @@ def test_the_rows_benchmark_times_this_plugins_kernels():
     assert [p["per_row_vs_one_row"] for p in points][::2] == [1.0, 1.0]
 
 
-def test_vector_dot_products_are_exact_at_the_extremes_and_any_offset():
-    """The integer dot products behind the int8 GEMV: every lane at its most negative code times the most
-    negative int16 (the largest sum they can make), unsigned codes, and starts that are not multiples of the
-    width, all equal to NumPy's int64 sums."""
+def test_scaled_row_dot_at_the_extremes_and_with_either_scale_type():
+    """The intrinsic behind the int8 GEMV: every lane at its most negative code times the most negative int16
+    (the largest pair sums there are), random rows, groups of 16 and 32, float16 scales (as int16 bits, looked up)
+    and float32 ones, all against float64 sums."""
     from numba import njit
-    from perfx_numba_cpu.vector_dot import dot16, dot32
+    from perfx_numba_cpu.kernels import f16_table
+    from perfx_numba_cpu.vector_dot import scaled_row_dot16, scaled_row_dot32
 
     @njit
-    def both(a, ia, b, ib):
-        return dot16(a, ia, b, ib), dot32(a, ia, b, ib)
+    def both(q, scales, f16, xq, xs, lanes):
+        if lanes == 16:
+            return scaled_row_dot16(q, scales, f16, xq, xs)
+        return scaled_row_dot32(q, scales, f16, xq, xs)
 
     rng = np.random.default_rng(0)
-    cases = [
-        (np.full(40, -128, np.int8), np.full(40, -32768, np.int16)),
-        (rng.integers(-128, 128, 100, dtype=np.int8), rng.integers(-32768, 32768, 100, dtype=np.int16)),
-        (rng.integers(0, 256, 100, dtype=np.uint8), rng.integers(-32768, 32768, 100, dtype=np.int16)),
-    ]
-    for a, b in cases:
-        for ia, ib in ((0, 0), (3, 7), (len(a) - 32, len(b) - 32)):
-            want = [int((a[ia : ia + n].astype(np.int64) * b[ib : ib + n]).sum()) for n in (16, 32)]
-            assert list(both(a, ia, b, ib)) == want, (a.dtype, ia, ib)
+    table = f16_table()
+    for lanes in (16, 32):
+        rows = [
+            (np.full(4 * lanes, -128, np.int8), np.full(4 * lanes, -32768, np.int16)),
+            (rng.integers(-128, 128, 5 * lanes, dtype=np.int8), rng.integers(-32768, 32768, 5 * lanes, dtype=np.int16)),
+        ]
+        for q, xq in rows:
+            groups = len(q) // lanes
+            scale16 = rng.uniform(0.5, 2, groups).astype(np.float16)
+            xs = rng.uniform(1e-5, 1e-4, groups).astype(np.float32)
+            sums = (q.astype(np.int64) * xq).reshape(groups, lanes).sum(axis=1)
+            for scales in (scale16.view(np.int16), scale16.astype(np.float32)):
+                want = float((sums * scale16.astype(np.float64) * xs.astype(np.float64)).sum())
+                got = float(both(q, scales, table, xq, xs, lanes))
+                assert got == pytest.approx(want, rel=1e-6), (lanes, scales.dtype)
 
 
 def test_int16_rounding_of_x_keeps_tiny_and_non_finite_pieces_safe():
