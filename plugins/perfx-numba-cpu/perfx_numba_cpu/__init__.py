@@ -227,7 +227,8 @@ def int8_gemm(rt, x, w, out) -> None:
         dequantize = K.int8_dequantize_f32 if PARALLEL_MODE == "always" else K.int8_dequantize_f32_serial
     # Groups of 16 or 32 (Q6_K, Q8_0, Q5_0): x in int16 (kernels.int8_matvec_int16), every row of x on its own, so
     # a row's result does not depend on the batch it is in; at 8 rows it took 0.5-0.6 of the float kernel's time.
-    # Groups of 64 and 128 (perfx's own int8 files) stay on the float kernel, faster there.
+    # The intrinsic reads one scale per 16 or 32 columns, so groups of 64 and 128 (perfx's own int8 files) take the
+    # float kernel (not measured against a repeated-scale variant).
     if n <= INT8_MAX_N and weight.group_size in (16, 32) and weight.codes.flags.c_contiguous:
         xq = np.empty(x.shape, dtype=np.int16)
         xs = np.empty((n, x.shape[1] // weight.group_size), dtype=np.float32)
