@@ -158,7 +158,7 @@ def test_decode_continues_prefill_exactly(smollm2):
     engine.prefill(ids[:20], slot=0)
     for i in range(20, 24):
         step = engine.decode([ids[i]], [0], [i])[0]
-        np.testing.assert_allclose(step, teacher[i], rtol=1e-4, atol=1e-3)
+        assert_same_logits(step, teacher[i])
 
 
 def _mixed_step_model(backend: str, smollm2_path):

@@ -124,8 +124,9 @@ def _parallel(work) -> bool:
     return _Machine.is_free()
 
 
-def _run(parallel, serial, work, *args) -> None:
-    (parallel if _parallel(work) else serial)(*args)
+def _run(parallel, serial, work, *args):
+    """The kernel's result (the int4 kernels: False where x was not finite and nothing was written)."""
+    return (parallel if _parallel(work) else serial)(*args)
 
 
 class _Int4Layout:
@@ -172,17 +173,10 @@ def _int4_matmul(rt, x, w, out) -> None:
     x = _f32(x)
     n = x.shape[0]
     if _packed(n):
-        _run(
-            K.int4_matvec,
-            K.int4_matvec_serial,
-            n * layout.codes.size * 2,
-            layout.codes,
-            layout.scales,
-            layout.biases,
-            x,
-            out,
-        )
-        return
+        work = n * layout.codes.size * 2
+        if _run(K.int4_matvec, K.int4_matvec_serial, work, layout.codes, layout.scales, layout.biases, x, out):
+            return
+        # x holds an infinity or NaN: the float path below propagates it as the contract asks
     m, k = layout.shape
     rows = max(1, min(m, TILE_BYTES // (4 * k)))
     tile = rt.scratch("numba_cpu.tile", (rows, k))
@@ -230,8 +224,9 @@ def int8_gemm(rt, x, w, out) -> None:
     # The intrinsic reads one scale per 16 or 32 columns, so groups of 64 and 128 (perfx's own int8 files) take the
     # float kernel (not measured against a repeated-scale variant).
     if n <= INT8_MAX_N and weight.group_size in (16, 32) and weight.codes.flags.c_contiguous:
-        xq = np.empty(x.shape, dtype=np.int16)
-        xs = np.empty((n, x.shape[1] // weight.group_size), dtype=np.float32)
+        padded = n if n < 3 else -(-n // K.TILE) * K.TILE  # whole tiles of rows (kernels.int8_matvec_int16)
+        xq = np.zeros((padded, x.shape[1]), dtype=np.int16)
+        xs = np.zeros((padded, x.shape[1] // weight.group_size), dtype=np.float32)
         if K.quantize_x_int16(x, weight.group_size, xq, xs):
             _run(
                 K.int8_matvec_int16,
@@ -272,17 +267,10 @@ def gate_up_silu(rt, x, w, out) -> None:
     n, f = out.shape
     if w.kind == "int4" and _packed(n) and f % K.ROWS == 0:
         layout = _int4_layout(rt, w)
-        _run(
-            K.int4_gate_up_silu,
-            K.int4_gate_up_silu_serial,
-            n * layout.codes.size * 2,
-            layout.codes,
-            layout.scales,
-            layout.biases,
-            _f32(x),
-            out,
-        )
-        return
+        work = n * layout.codes.size * 2
+        args = (layout.codes, layout.scales, layout.biases, _f32(x), out)
+        if _run(K.int4_gate_up_silu, K.int4_gate_up_silu_serial, work, *args):
+            return
     generic_gate_up_silu(rt, x, w, out)  # the generic composition, on this plugin's linear and silu_mul
 
 
@@ -292,20 +280,10 @@ def linear_add_rmsnorm(rt, x, w, residual, weight, eps, out) -> None:
     n = x.shape[0]
     if w.kind == "int4" and _packed(n):
         layout = _int4_layout(rt, w)
-        _run(
-            K.int4_matvec_add_rmsnorm,
-            K.int4_matvec_add_rmsnorm_serial,
-            n * layout.codes.size * 2,
-            layout.codes,
-            layout.scales,
-            layout.biases,
-            _f32(x),
-            residual,
-            weight,
-            np.float32(eps),
-            out,
-        )
-        return
+        work = n * layout.codes.size * 2
+        args = (layout.codes, layout.scales, layout.biases, _f32(x), residual, weight, np.float32(eps), out)
+        if _run(K.int4_matvec_add_rmsnorm, K.int4_matvec_add_rmsnorm_serial, work, *args):
+            return
     delta = rt.scratch("linear_add_rmsnorm", out.shape)
     linear(rt, x, w, delta)
     K.add_rmsnorm(delta, residual, weight, np.float32(eps), out)

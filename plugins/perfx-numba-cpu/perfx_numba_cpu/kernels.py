@@ -17,7 +17,7 @@ import types
 import numpy as np
 from numba import njit, prange
 
-from .vector_dot import scaled_row_dot16, scaled_row_dot32
+from .vector_dot import int4_pairs_dot, scaled_rows_dot
 
 FM = {"reassoc", "contract", "arcp", "nsz", "afn"}
 F32 = np.float32
@@ -47,6 +47,8 @@ TILE = 4
 # Up to this many rows the int4 kernels go row by row: two rows padded to a tile of four cost 1.05-1.25x what two
 # single-row passes cost (3072 x 576, one thread).
 ROW_BY_ROW = 2
+pairs_dot1 = int4_pairs_dot(1, ROWS)
+pairs_dot_tile = int4_pairs_dot(TILE, ROWS)
 
 
 def int4_block_layout(packed, scale, bias):
@@ -71,126 +73,66 @@ def int4_block_layout(packed, scale, bias):
 
 
 @njit(fastmath=FM, cache=True, nogil=True)
-def _split_x(x, groups):
-    """x (n, k) -> its even columns, its odd columns (n', k/2) and its per-group sums (n', groups), where n' is n
-    up to ROW_BY_ROW rows and n rounded up to whole TILEs of rows (zero rows) beyond: the multi-row kernels then
-    need no remainder loop."""
+def _x_pairs(x, groups):
+    """x (n, k) for the int4 kernels: (ok, xq, xs, sums) with xq (n', k/2) int32 the int16 rounding of x per group
+    (quantize_x_int16, viewed as pairs of columns), xs (n', groups) its scales and sums (n', groups) the float sums
+    of each group; n' is n up to ROW_BY_ROW rows and n rounded up to whole TILEs (zero rows) beyond, so the tiled
+    loops need no remainder. ok is False where x holds an infinity or NaN (the caller then takes NumPy's path)."""
     n, k = x.shape
-    half = k // 2
-    hg = half // groups
     padded = n if n <= ROW_BY_ROW else (n + TILE - 1) // TILE * TILE
-    xe = np.zeros((padded, half), dtype=np.float32)
-    xo = np.zeros((padded, half), dtype=np.float32)
+    size = k // groups
+    xq = np.zeros((padded, k), dtype=np.int16)
     xs = np.zeros((padded, groups), dtype=np.float32)
-    for j in range(n):
-        xr = x[j]
-        for g in range(groups):
-            s = F32(0.0)
-            for i in range(g * hg, (g + 1) * hg):
-                a = xr[2 * i]
-                b = xr[2 * i + 1]
-                xe[j, i] = a
-                xo[j, i] = b
-                s += a + b
-            xs[j, g] = s
-    return xe, xo, xs
-
-
-@njit(fastmath=FM, cache=True, nogil=True)
-def _nibbles(byte):
-    """(byte, its high nibble) as float32; the low nibble is ``byte - 16 * high``, all exact.
-
-    In float because numba widens integer ``&`` and ``>>`` to int64: with int64 lanes (8 per AVX-512
-    vector, converted by vcvtqq2ps) the GEMV was 2.1x slower (3072 x 576, one thread: 194 against 94 us).
-    """
-    p = F32(byte)
-    return p, np.floor(p * F32(0.0625))
-
-
-@njit(fastmath=FM, cache=True, nogil=True)
-def _block_dot(codes_b, scales_b, biases_b, xe, xo, xs, acc, d):
-    """acc (ROWS,) = the block's rows . x, from codes_b (k/2, ROWS), scales_b/biases_b (groups, ROWS)."""
-    half, rows = codes_b.shape
-    groups = scales_b.shape[0]
-    hg = half // groups
-    for t in range(rows):
-        acc[t] = 0.0
-    for g in range(groups):
-        for t in range(rows):
-            d[t] = 0.0
-        for i in range(g * hg, (g + 1) * hg):
-            e = xe[i]
-            o = xo[i]
-            col = codes_b[i]
-            for t in range(rows):
-                p, hi = _nibbles(col[t])
-                d[t] += (p - F32(16.0) * hi) * e + hi * o
-        sg = scales_b[g]
-        bg = biases_b[g]
-        xg = xs[g]
-        for t in range(rows):
-            acc[t] += sg[t] * d[t] + bg[t] * xg
-
-
-@njit(fastmath=FM, cache=True, nogil=True)
-def _block_dot_tile(codes_b, scales_b, biases_b, xe, xo, xs, j0, acc, d):
-    """acc (TILE, ROWS) = the block's rows . x rows j0 .. j0 + TILE - 1: _block_dot for a tile of rows, each
-    column's nibbles decoded once for all of them (TILE = 4, written out so the loop over rows vectorizes)."""
-    half, rows = codes_b.shape
-    groups = scales_b.shape[0]
-    hg = half // groups
-    a0, a1, a2, a3 = acc[0], acc[1], acc[2], acc[3]
-    d0, d1, d2, d3 = d[0], d[1], d[2], d[3]
-    for t in range(rows):
-        a0[t] = 0.0
-        a1[t] = 0.0
-        a2[t] = 0.0
-        a3[t] = 0.0
-    for g in range(groups):
-        for t in range(rows):
-            d0[t] = 0.0
-            d1[t] = 0.0
-            d2[t] = 0.0
-            d3[t] = 0.0
-        for i in range(g * hg, (g + 1) * hg):
-            e0, e1, e2, e3 = xe[j0, i], xe[j0 + 1, i], xe[j0 + 2, i], xe[j0 + 3, i]
-            o0, o1, o2, o3 = xo[j0, i], xo[j0 + 1, i], xo[j0 + 2, i], xo[j0 + 3, i]
-            col = codes_b[i]
-            for t in range(rows):
-                p, hi = _nibbles(col[t])
-                lo = p - F32(16.0) * hi
-                d0[t] += lo * e0 + hi * o0
-                d1[t] += lo * e1 + hi * o1
-                d2[t] += lo * e2 + hi * o2
-                d3[t] += lo * e3 + hi * o3
-        sg = scales_b[g]
-        bg = biases_b[g]
-        x0, x1, x2, x3 = xs[j0, g], xs[j0 + 1, g], xs[j0 + 2, g], xs[j0 + 3, g]
-        for t in range(rows):
-            a0[t] += sg[t] * d0[t] + bg[t] * x0
-            a1[t] += sg[t] * d1[t] + bg[t] * x1
-            a2[t] += sg[t] * d2[t] + bg[t] * x2
-            a3[t] += sg[t] * d3[t] + bg[t] * x3
-
-
-@njit(fastmath=FM, cache=True, nogil=True)
-def _block_into(codes_b, scales_b, biases_b, xe, xo, xs, n, dst, c0, c1):
-    """dst[j, c0:c1] = the block's first c1 - c0 rows . x row j, for the n rows of x: row by row up to ROW_BY_ROW
-    rows, TILE rows at a time beyond (xe, xo, xs from _split_x)."""
-    rows = codes_b.shape[1]
-    if n <= ROW_BY_ROW:
-        acc = np.empty(rows, dtype=np.float32)
-        d = np.empty(rows, dtype=np.float32)
+    sums = np.zeros((padded, groups), dtype=np.float32)
+    ok = quantize_x_int16(x, size, xq, xs)
+    if ok:
         for j in range(n):
-            _block_dot(codes_b, scales_b, biases_b, xe[j], xo[j], xs[j], acc, d)
-            for c in range(c0, c1):
-                dst[j, c] = acc[c - c0]
-        return
-    acc = np.empty((TILE, rows), dtype=np.float32)
-    d = np.empty((TILE, rows), dtype=np.float32)
-    for j0 in range(0, n, TILE):
-        _block_dot_tile(codes_b, scales_b, biases_b, xe, xo, xs, j0, acc, d)
-        for jj in range(min(TILE, n - j0)):
+            xr = x[j]
+            for g in range(groups):
+                s = F32(0.0)
+                for i in range(g * size, (g + 1) * size):
+                    s += xr[i]
+                sums[j, g] = s
+    return ok, xq.view(np.int32), xs, sums
+
+
+@njit(fastmath=FM, cache=True, nogil=True)
+def _block_dots(codes_b, scales_b, biases_b, xq, xs, sums, j0, tile, acc, dots):
+    """acc (tile, ROWS) = the block's rows . x rows j0 .. j0 + tile - 1 (tile 1 or TILE), group by group:
+    ``scale * xs * (q_g . xq_g) + bias * sum(x_g)``, the integer dots from the pairs intrinsic."""
+    half, rows = codes_b.shape
+    groups = scales_b.shape[0]
+    hg = half // groups
+    for jj in range(tile):
+        for t in range(rows):
+            acc[jj, t] = 0.0
+    for g in range(groups):
+        if tile == 1:
+            pairs_dot1(codes_b, g * hg, (g + 1) * hg, xq, j0, dots)
+        else:
+            pairs_dot_tile(codes_b, g * hg, (g + 1) * hg, xq, j0, dots)
+        sg = scales_b[g]
+        bg = biases_b[g]
+        for jj in range(tile):
+            f = xs[j0 + jj, g]
+            xg = sums[j0 + jj, g]
+            a = acc[jj]
+            d = dots[jj]
+            for t in range(rows):
+                a[t] += sg[t] * f * F32(d[t]) + bg[t] * xg
+
+
+@njit(fastmath=FM, cache=True, nogil=True)
+def _block_into(codes_b, scales_b, biases_b, xq, xs, sums, n, dst, c0, c1):
+    """dst[j, c0:c1] = the block's first c1 - c0 rows . x row j, for the n rows of x: row by row up to
+    ROW_BY_ROW rows, TILE rows at a time beyond (xq, xs, sums from _x_pairs)."""
+    rows = codes_b.shape[1]
+    tile = 1 if n <= ROW_BY_ROW else TILE
+    acc = np.empty((tile, rows), dtype=np.float32)
+    dots = np.empty((tile, rows), dtype=np.int32)
+    for j0 in range(0, n, tile):
+        _block_dots(codes_b, scales_b, biases_b, xq, xs, sums, j0, tile, acc, dots)
+        for jj in range(min(tile, n - j0)):
             drow = dst[j0 + jj]
             arow = acc[jj]
             for c in range(c0, c1):
@@ -199,33 +141,40 @@ def _block_into(codes_b, scales_b, biases_b, xe, xo, xs, n, dst, c0, c1):
 
 @njit(parallel=True, fastmath=FM, cache=True, nogil=True)
 def int4_matvec(codes, scales, biases, x, out):
-    """out (n, m) = x (n, k) @ W.T for W[r, c] = q[r, c] * scale[r, c // g] + bias[r, c // g].
+    """out (n, m) = x (n, k) @ W.T for W[r, c] = q[r, c] * scale[r, c // g] + bias[r, c // g]; False (out
+    untouched) where x holds an infinity or NaN.
 
-    W in int4_block_layout. Per group: ``s * (x_g . q_g) + b * sum(x_g)``; x is split once per call into
-    its even and odd columns (the low and high nibbles of a byte) and its group sums. Parallel over blocks;
-    more than ROW_BY_ROW rows of x go TILE rows at a time (_block_dot_tile). At SmolLM2's shapes on one thread a row
-    of a 4-16 row batch costs 0.48-0.73 of a lone row's time (`PERFX_NUMBA_PARALLEL=never python
-    benchmarks/bench_cpu_rows.py`; one row at a time, it cost 1.0).
+    W in int4_block_layout; x rounded to int16 per group (_x_pairs), which adds an NMSE of ~1e-9. Per group:
+    ``s * xs * (q_g . xq_g) + b * sum(x_g)``, the dot in integers (vector_dot.int4_pairs_dot), twice as fast
+    as the same loop in float32 at SmolLM2's shapes. Parallel over blocks; more than ROW_BY_ROW rows of x go
+    TILE rows at a time, each byte column widened once for them (`PERFX_NUMBA_PARALLEL=never python
+    benchmarks/bench_cpu_rows.py` times a row of a batch against a lone row).
     """
     blocks, half, rows = codes.shape
     n, m = out.shape
-    xe, xo, xs = _split_x(x, scales.shape[1])
+    ok, xq, xs, sums = _x_pairs(x, scales.shape[1])
+    if not ok:
+        return False
     for b in prange(blocks):
-        _block_into(codes[b], scales[b], biases[b], xe, xo, xs, n, out, b * rows, min(m, b * rows + rows))
+        _block_into(codes[b], scales[b], biases[b], xq, xs, sums, n, out, b * rows, min(m, b * rows + rows))
+    return True
 
 
 @njit(parallel=True, fastmath=FM, cache=True, nogil=True)
 def int4_matvec_add_rmsnorm(codes, scales, biases, x, residual, weight, eps, out):
-    """residual (n, m) += x (n, k) @ W.T (in place); out (n, m) = rmsnorm(residual) * weight.
+    """residual (n, m) += x (n, k) @ W.T (in place); out (n, m) = rmsnorm(residual) * weight; False (nothing
+    written) where x holds an infinity or NaN.
 
     int4_matvec (parallel over blocks) into a local row, then add_rmsnorm's loops, in one call.
     """
     blocks, half, rows = codes.shape
     n, m = out.shape
-    xe, xo, xs = _split_x(x, scales.shape[1])
+    ok, xq, xs, sums = _x_pairs(x, scales.shape[1])
+    if not ok:
+        return False
     delta = np.empty((n, blocks * rows), dtype=np.float32)
     for b in prange(blocks):
-        _block_into(codes[b], scales[b], biases[b], xe, xo, xs, n, delta, b * rows, b * rows + rows)
+        _block_into(codes[b], scales[b], biases[b], xq, xs, sums, n, delta, b * rows, b * rows + rows)
     for j in range(n):
         res = residual[j]
         drow = delta[j]
@@ -238,42 +187,46 @@ def int4_matvec_add_rmsnorm(codes, scales, biases, x, residual, weight, eps, out
         inv = F32(1.0 / math.sqrt(ss / m + eps))
         for i in range(m):
             orow[i] = res[i] * inv * weight[i]
+    return True
 
 
 @njit(parallel=True, fastmath=FM, cache=True, nogil=True)
 def int4_gate_up_silu(codes, scales, biases, x, out):
-    """out (n, f) = silu(x @ Wg.T) * (x @ Wu.T) for W = [Wg; Wu] (2f, k) in int4_block_layout, f % ROWS == 0."""
+    """out (n, f) = silu(x @ Wg.T) * (x @ Wu.T) for W = [Wg; Wu] (2f, k) in int4_block_layout, f % ROWS == 0;
+    False (out untouched) where x holds an infinity or NaN."""
     blocks, half, rows = codes.shape
     n, f = out.shape
     fb = f // rows
-    xe, xo, xs = _split_x(x, scales.shape[1])
-    if n <= ROW_BY_ROW:
-        for b in prange(fb):
-            acc_g = np.empty(rows, dtype=np.float32)
-            acc_u = np.empty(rows, dtype=np.float32)
-            d = np.empty(rows, dtype=np.float32)
-            for j in range(n):
-                _block_dot(codes[b], scales[b], biases[b], xe[j], xo[j], xs[j], acc_g, d)
-                _block_dot(codes[b + fb], scales[b + fb], biases[b + fb], xe[j], xo[j], xs[j], acc_u, d)
-                for t in range(rows):
-                    g = acc_g[t]
-                    out[j, b * rows + t] = g / (F32(1.0) + math.exp(-g)) * acc_u[t]
-        return
+    ok, xq, xs, sums = _x_pairs(x, scales.shape[1])
+    if not ok:
+        return False
+    tile = 1 if n <= ROW_BY_ROW else TILE
     for b in prange(fb):
-        acc_g = np.empty((TILE, rows), dtype=np.float32)
-        acc_u = np.empty((TILE, rows), dtype=np.float32)
-        d = np.empty((TILE, rows), dtype=np.float32)
+        acc_g = np.empty((tile, rows), dtype=np.float32)
+        acc_u = np.empty((tile, rows), dtype=np.float32)
+        dots = np.empty((tile, rows), dtype=np.int32)
         bu = b + fb
-        for j0 in range(0, n, TILE):
-            _block_dot_tile(codes[b], scales[b], biases[b], xe, xo, xs, j0, acc_g, d)
-            _block_dot_tile(codes[bu], scales[bu], biases[bu], xe, xo, xs, j0, acc_u, d)
-            for jj in range(min(TILE, n - j0)):
+        for j0 in range(0, n, tile):
+            _block_dots(codes[b], scales[b], biases[b], xq, xs, sums, j0, tile, acc_g, dots)
+            _block_dots(codes[bu], scales[bu], biases[bu], xq, xs, sums, j0, tile, acc_u, dots)
+            for jj in range(min(tile, n - j0)):
                 orow = out[j0 + jj]
                 ag = acc_g[jj]
                 au = acc_u[jj]
                 for t in range(rows):
                     g = ag[t]
                     orow[b * rows + t] = g / (F32(1.0) + math.exp(-g)) * au[t]
+    return True
+
+
+@njit(fastmath=FM, cache=True, nogil=True)
+def _nibbles(byte):
+    """(byte, its high nibble) as float32; the low nibble is ``byte - 16 * high``, all exact.
+
+    In float because numba widens integer ``&`` and ``>>`` to int64 (8 lanes per AVX-512 vector, not 16).
+    """
+    p = F32(byte)
+    return p, np.floor(p * F32(0.0625))
 
 
 @njit(parallel=True, fastmath=FM, cache=True, nogil=True)
@@ -373,7 +326,7 @@ def int8_matvec(q, scales, f16, x, out):
 
 
 # x in int16 per piece of a group (16 or 32 columns, the weight's group size); a row is then one intrinsic
-# (vector_dot.scaled_row_dot*): int8 * int16 products added pairwise in integers, scaled per group into one float
+# (vector_dot.scaled_rows_dot): int8 * int16 products added pairwise in integers, scaled per group into one float
 # vector. The float loop above converts every code to float32 and sums each group horizontally, which bounds it:
 # at Gemma 3's 262144 x 640 Q8_0 output matrix one row of x takes 4.0 against 5.4-5.8 ms on two threads (the
 # machine reads those 168 MB in ~4 ms), 8 rows 19 against 32 ms. x's rounding to int16 (a scale per piece,
@@ -406,21 +359,34 @@ def quantize_x_int16(x, lanes, xq, xs):
     return True
 
 
+dot16_row = scaled_rows_dot(16, 1)
+dot32_row = scaled_rows_dot(32, 1)
+dot16_tile = scaled_rows_dot(16, TILE)
+dot32_tile = scaled_rows_dot(32, TILE)
+
+
 @njit(parallel=True, fastmath=FM, cache=True, nogil=True)
 def int8_matvec_int16(q, scales, f16, xq, xs, out):
     """out (n, m) = x @ W.T as int8_matvec, for a weight whose groups are 16 or 32 columns (Q6_K, Q8_0, Q5_0),
     from x quantized by quantize_x_int16 with one piece per group; ``scales`` float16 bits viewed as int16
-    (looked up in ``f16``, f16_table), or float32."""
+    (looked up in ``f16``, f16_table), or float32. Three rows of x or more go TILE at a time (xq and xs padded to
+    whole tiles with zero rows), a group's codes widened once for them; each row's result is the same either way.
+    """
     m, k = q.shape
-    n, groups = xs.shape
-    if k // groups == 16:
-        for r in prange(m):
-            for j in range(n):
-                out[j, r] = scaled_row_dot16(q[r], scales[r], f16, xq[j], xs[j])
-        return
+    n = out.shape[0]
+    groups = xs.shape[1]
+    tile = 1 if n < 3 else TILE
     for r in prange(m):
-        for j in range(n):
-            out[j, r] = scaled_row_dot32(q[r], scales[r], f16, xq[j], xs[j])
+        for j0 in range(0, n, tile):
+            if k // groups == 16:
+                if tile == 1:
+                    dot16_row(q[r], scales[r], f16, xq, xs, j0, out, r)
+                else:
+                    dot16_tile(q[r], scales[r], f16, xq, xs, j0, out, r)
+            elif tile == 1:
+                dot32_row(q[r], scales[r], f16, xq, xs, j0, out, r)
+            else:
+                dot32_tile(q[r], scales[r], f16, xq, xs, j0, out, r)
 
 
 @njit(parallel=True, fastmath=FM, cache=True, nogil=True)

@@ -1,10 +1,11 @@
-"""A row of int8 codes times int16 activations, group by group, written as LLVM vector IR (numba cannot say it).
+"""Integer dot products of weight codes with int16 activations, written as LLVM vector IR (numba cannot say it).
 
 numba types the product of two int32 values as int64, so a loop of ``int8 * int16`` products sums in 64-bit
-lanes and LLVM cannot turn it into the 16-bit multiply-adds CPUs have (x86's vpmaddwd, ARM's smlal); and a
-numba loop over groups sums each group horizontally before scaling it. This intrinsic multiplies widened codes
-and activations, adds neighbouring products (which LLVM lowers to those instructions on any target) and keeps
-the scaled sums in one float vector across the row.
+lanes and LLVM cannot turn it into the 16-bit multiply-adds CPUs have (x86's vpmaddwd, vpdpwssd with VNNI, ARM's
+smlal); and a numba loop over groups sums each group horizontally before scaling it. These intrinsics multiply
+widened codes and activations and add neighbouring products, which LLVM lowers to those instructions on any
+target: ``scaled_rows_dot`` for a row-major int8 row (the scaled sums kept in a float vector across the row),
+``int4_pairs_dot`` for a block of int4 rows laid out with the rows across the vector.
 """
 
 from __future__ import annotations
@@ -15,37 +16,51 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 
-def _scaled_row_dot(lanes: int):
-    @intrinsic
-    def scaled_row_dot(typingctx, q, scales, f16, xq, xs):
-        """sum over groups g of (q[g] . xq[g]) * scale[g] * xs[g], groups of ``lanes`` columns: q int8 codes,
-        xq int16, xs float32, scales float16 bits viewed as int16 (looked up in ``f16``, the float32 value of each
-        bit pattern, as kernels.f16_table) or float32, all contiguous 1-D arrays with one scale per group
-        (len(scales) groups).
+def scaled_rows_dot(lanes: int, tile: int):
+    """An intrinsic ``(q, scales, f16, xq, xs, j0, out, r)``: out[j0 + j, r] = sum over groups g of
+    (q[g] . xq[j0 + j, g]) * scale[g] * xs[j0 + j, g] for j < ``tile`` and j0 + j < len(out), groups of ``lanes``
+    columns.
 
-        One loop in IR so that the sum stays a float vector across groups: each group is a multiply of widened
-        codes and activations, an add of neighbouring products (vpmaddwd), a conversion and a vector
-        multiply-add; a single horizontal sum at the end."""
-        ok = all(isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C" for a in (q, scales, f16, xq, xs))
+    q: one row of int8 codes; scales: its float16 bits viewed as int16 (looked up in ``f16``, the float32 value of
+    each bit pattern, as kernels.f16_table) or float32, one per group; xq (n, k) int16 and xs (n, groups) float32:
+    rows of x and their scales per group, at least j0 + tile of them; out (n, m) float32. All C-contiguous.
+
+    One loop in IR so that each row's sum stays a float vector across groups: a group's codes are widened and its
+    scale looked up once for the tile; per row of x, a multiply of widened codes and activations, an add of
+    neighbouring products (vpmaddwd), a conversion and a vector multiply-add; a horizontal sum per row at the end.
+    """
+
+    @intrinsic
+    def scaled_dot(typingctx, q, scales, f16, xq, xs, j0, out, r):
+        ok = all(isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C" for a in (q, scales, f16))
+        ok = ok and all(isinstance(a, types.Array) and a.ndim == 2 and a.layout == "C" for a in (xq, xs, out))
         if not ok or q.dtype != types.int8 or xq.dtype != types.int16 or xs.dtype != types.float32:
             return None
         if scales.dtype not in (types.int16, types.float32) or f16.dtype != types.float32:
             return None
-        sig = types.float32(q, scales, f16, xq, xs)
+        if out.dtype != types.float32:
+            return None
+        sig = types.void(q, scales, f16, xq, xs, types.intp, out, types.intp)
 
         def codegen(context, builder, signature, args):
-            f32 = ir.FloatType()
-            i32 = ir.IntType(32)
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            intp = context.get_value_type(types.intp)
             half_lanes = lanes // 2
             wide = ir.VectorType(i32, lanes)
             sums = ir.VectorType(f32, half_lanes)
-            arrays = [context.make_array(t)(context, builder, a) for t, a in zip(signature.args, args, strict=True)]
-            q_data, s_data, table, x_data, xs_data = (a.data for a in arrays)
+            arrays = [
+                context.make_array(t)(context, builder, a)
+                for k, (t, a) in enumerate(zip(signature.args, args, strict=True))
+                if k not in (5, 7)
+            ]
+            q_data, s_data, table, x_data, xs_data, out_data = (a.data for a in arrays)
             groups = builder.extract_value(arrays[1].shape, 0)
+            k = builder.extract_value(arrays[3].shape, 1)
+            x_rows = [builder.add(args[5], ir.Constant(intp, j)) for j in range(tile)]
             even = ir.Constant(ir.VectorType(i32, half_lanes), list(range(0, lanes, 2)))
             odd = ir.Constant(ir.VectorType(i32, half_lanes), list(range(1, lanes, 2)))
             splat = ir.Constant(ir.VectorType(i32, half_lanes), [0] * half_lanes)
-            acc = cgutils.alloca_once_value(builder, ir.Constant(sums, [0.0] * half_lanes))
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(sums, [0.0] * half_lanes)) for _ in range(tile)]
             with cgutils.for_range(builder, groups) as loop:
                 g = loop.index
                 start = builder.mul(g, ir.Constant(g.type, lanes))
@@ -53,33 +68,103 @@ def _scaled_row_dot(lanes: int):
                     builder.bitcast(builder.gep(q_data, [start]), ir.VectorType(ir.IntType(8), lanes).as_pointer()),
                     align=1,
                 )
-                acts = builder.load(
-                    builder.bitcast(builder.gep(x_data, [start]), ir.VectorType(ir.IntType(16), lanes).as_pointer()),
-                    align=1,
-                )
-                product = builder.mul(builder.sext(codes, wide), builder.sext(acts, wide))
-                pairs = builder.add(
-                    builder.shuffle_vector(product, product, even), builder.shuffle_vector(product, product, odd)
-                )
+                codes = builder.sext(codes, wide)
                 scale = builder.load(builder.gep(s_data, [g]))
                 if signature.args[1].dtype == types.int16:  # float16 bits, read as uint16: a table index
                     scale = builder.load(builder.gep(table, [builder.zext(scale, ir.IntType(64))]))
-                factor = builder.fmul(scale, builder.load(builder.gep(xs_data, [g])))
-                lane0 = builder.insert_element(ir.Constant(sums, ir.Undefined), factor, ir.Constant(i32, 0))
-                factors = builder.shuffle_vector(lane0, lane0, splat)
-                step = builder.fmul(builder.sitofp(pairs, sums), factors, flags=["fast"])
-                builder.store(builder.fadd(builder.load(acc), step, flags=["fast"]), acc)
+                for j, row in enumerate(x_rows):
+                    at = builder.add(builder.mul(row, k), start)
+                    acts = builder.load(
+                        builder.bitcast(builder.gep(x_data, [at]), ir.VectorType(ir.IntType(16), lanes).as_pointer()),
+                        align=1,
+                    )
+                    product = builder.mul(codes, builder.sext(acts, wide))
+                    pairs = builder.add(
+                        builder.shuffle_vector(product, product, even), builder.shuffle_vector(product, product, odd)
+                    )
+                    x_scale = builder.load(builder.gep(xs_data, [builder.add(builder.mul(row, groups), g)]))
+                    factor = builder.fmul(scale, x_scale)
+                    lane0 = builder.insert_element(ir.Constant(sums, ir.Undefined), factor, ir.Constant(i32, 0))
+                    factors = builder.shuffle_vector(lane0, lane0, splat)
+                    step = builder.fmul(builder.sitofp(pairs, sums), factors, flags=["fast"])
+                    builder.store(builder.fadd(builder.load(accs[j]), step, flags=["fast"]), accs[j])
             reduce = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(f32, [f32, sums]), f"llvm.vector.reduce.fadd.v{half_lanes}f32"
             )
-            total = builder.call(reduce, [ir.Constant(f32, 0.0), builder.load(acc)])
-            total.fastmath.add("fast")  # an unordered sum: without it LLVM adds the lanes one by one
-            return total
+            n_out = builder.extract_value(arrays[5].shape, 0)
+            m_out = builder.extract_value(arrays[5].shape, 1)
+            for j, row in enumerate(x_rows):
+                total = builder.call(reduce, [ir.Constant(f32, 0.0), builder.load(accs[j])])
+                total.fastmath.add("fast")  # an unordered sum: without it LLVM adds the lanes one by one
+                with builder.if_then(builder.icmp_signed("<", row, n_out)):
+                    builder.store(total, builder.gep(out_data, [builder.add(builder.mul(row, m_out), args[7])]))
+            return context.get_dummy_value()
 
         return sig, codegen
 
-    return scaled_row_dot
+    return scaled_dot
 
 
-scaled_row_dot16 = _scaled_row_dot(16)
-scaled_row_dot32 = _scaled_row_dot(32)
+def int4_pairs_dot(tile: int, rows: int):
+    """An intrinsic ``(codes_b, i0, i1, xq, j0, dots)``: the integer dot products of the ``rows`` rows of one
+    block of kernels.int4_block_layout with ``tile`` rows of x (j0 ..), over the block's byte columns i0 .. i1.
+
+    codes_b (k/2, rows) uint8: byte i of row t holds columns 2i (low nibble) and 2i + 1 (high nibble). xq (n, k/2)
+    int32: x rounded to int16, the int16 of column 2i in the low half of element i (an int16 array of x viewed as
+    int32). dots (tile, rows) int32 receives sum_i lo[i, t] * x[j, 2i] + hi[i, t] * x[j, 2i + 1].
+
+    A byte column becomes a vector of (low, high) int16 pairs, one per row, once for the tile; each row of x is
+    then one multiply-add of pairs per 16 rows (vpmaddwd, fused with the add where the CPU has VNNI). Codes are at
+    most 15 and x at most 32767 in magnitude, so a group of 128 columns sums to under 2^26: no overflow.
+    """
+
+    @intrinsic
+    def pairs_dot(typingctx, codes_b, i0, i1, xq, j0, dots):
+        arrays = (codes_b, xq, dots)
+        if not all(isinstance(a, types.Array) and a.ndim == 2 and a.layout == "C" for a in arrays):
+            return None
+        if codes_b.dtype != types.uint8 or xq.dtype != types.int32 or dots.dtype != types.int32:
+            return None
+        sig = types.void(codes_b, types.intp, types.intp, xq, types.intp, dots)
+
+        def codegen(context, builder, signature, args):
+            i8, i16, i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+            intp = context.get_value_type(types.intp)
+            c_arr, x_arr, d_arr = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 3, 5))
+            start, stop, first_row = args[1], args[2], args[4]
+            half = builder.extract_value(x_arr.shape, 1)
+            pairs = ir.VectorType(i32, 2 * rows)
+            sums = ir.VectorType(i32, rows)
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(sums, [0] * rows)) for _ in range(tile)]
+            interleave = ir.Constant(ir.VectorType(i32, 2 * rows), [v for t in range(rows) for v in (t, rows + t)])
+            even = ir.Constant(ir.VectorType(i32, rows), list(range(0, 2 * rows, 2)))
+            odd = ir.Constant(ir.VectorType(i32, rows), list(range(1, 2 * rows, 2)))
+            splat = ir.Constant(ir.VectorType(i32, rows), [0] * rows)
+            nibble = ir.Constant(ir.VectorType(i16, rows), [15] * rows)
+            shift = ir.Constant(ir.VectorType(i16, rows), [4] * rows)
+            x_rows = [builder.mul(builder.add(first_row, ir.Constant(intp, j)), half) for j in range(tile)]
+            with cgutils.for_range(builder, builder.sub(stop, start)) as loop:
+                i = builder.add(start, loop.index)
+                column = builder.gep(c_arr.data, [builder.mul(i, ir.Constant(intp, rows))])
+                codes = builder.load(builder.bitcast(column, ir.VectorType(i8, rows).as_pointer()), align=1)
+                codes = builder.zext(codes, ir.VectorType(i16, rows))
+                low, high = builder.and_(codes, nibble), builder.lshr(codes, shift)
+                weights = builder.sext(builder.shuffle_vector(low, high, interleave), pairs)
+                for j in range(tile):
+                    x_pair = builder.load(builder.gep(x_arr.data, [builder.add(x_rows[j], i)]))
+                    lane0 = builder.insert_element(ir.Constant(sums, ir.Undefined), x_pair, ir.Constant(i32, 0))
+                    x_pairs = builder.shuffle_vector(lane0, ir.Constant(sums, ir.Undefined), splat)
+                    x_wide = builder.sext(builder.bitcast(x_pairs, ir.VectorType(i16, 2 * rows)), pairs)
+                    product = builder.mul(weights, x_wide)
+                    added = builder.add(
+                        builder.shuffle_vector(product, product, even), builder.shuffle_vector(product, product, odd)
+                    )
+                    builder.store(builder.add(builder.load(accs[j]), added), accs[j])
+            for j in range(tile):
+                target = builder.gep(d_arr.data, [ir.Constant(intp, j * rows)])
+                builder.store(builder.load(accs[j]), builder.bitcast(target, sums.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return pairs_dot

@@ -41,6 +41,21 @@ def plugin_env(monkeypatch):
     yield from isolated_plugins(monkeypatch)
 
 
+def int16_rounding_bound(x, values, group):
+    """How far each output of x @ values.T may move when the kernels round x to int16 steps of its group's
+    max |x| / 32767 (the int4 kernels and the int8 kernels with groups of 16 or 32): half a step times the row's
+    |w| per group."""
+    n, m = x.shape[0], values.shape[0]
+    step = np.abs(x.reshape(n, -1, group)).max(axis=2) / 32767
+    return 0.5 * np.einsum("jp,rp->jr", step, np.abs(values).reshape(m, -1, group).sum(axis=2))
+
+
+def assert_within(out, want, bound, what=""):
+    """out within ``bound`` (plus float32 rounding) of float64 ``want``, and its NMSE below 1e-8."""
+    assert np.all(np.abs(out - want) <= bound + 1e-5 * np.abs(want) + 1e-6), what
+    assert ((out - want) ** 2).sum() / (want**2).sum() < 1e-8, what
+
+
 def test_discovered_through_entry_point_and_chosen_by_priority(plugin_env):
     (ep,) = [ep for ep in importlib.metadata.entry_points(group="perfx") if ep.name == PLUGIN]
     assert ep.value == "perfx_numba_cpu"
@@ -81,7 +96,8 @@ def test_int4_gemv_keeps_weights_packed(plugin_env):
     out = np.empty((1, m), dtype=np.float32)
     rt.ops.int4_gemv(x, w, out)
     assert w._float32 is None  # the float copy was never built
-    np.testing.assert_allclose(out, x @ w.float32().T, rtol=1e-4, atol=1e-4)
+    values = w.float32().astype(np.float64)
+    assert_within(out, x @ values.T, int16_rounding_bound(x, values, 32))
 
 
 @pytest.mark.parametrize("mode", ["never", "always"])
@@ -106,18 +122,21 @@ def test_fused_gate_up_silu_and_both_thread_modes(plugin_env, monkeypatch, mode)
         out = np.empty((n, f), dtype=np.float32)
         rt.ops.gate_up_silu(x, w, out)
         gate_up = x.astype(np.float64) @ dense.T
-        expected = gate_up[:, :f] / (1.0 + np.exp(-gate_up[:, :f])) * gate_up[:, f:]
-        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+        bound = int16_rounding_bound(x, dense, 32)
+        gate, up, e_gate, e_up = gate_up[:, :f], gate_up[:, f:], bound[:, :f], bound[:, f:]
+        silu = gate / (1.0 + np.exp(-gate))
+        # silu's slope is below 1.1, so silu(g) * u moves by at most 1.1 e_g (|u| + e_u) + |silu(g)| e_u
+        assert_within(out, silu * up, 1.1 * e_gate * (np.abs(up) + e_up) + np.abs(silu) * e_up, f"gate_up_silu {n}")
         full = np.empty((n, 2 * f), dtype=np.float32)
         rt.ops.linear(x, w, full)
-        np.testing.assert_allclose(full, gate_up, rtol=1e-4, atol=1e-4)
+        assert_within(full, gate_up, bound, f"linear {n}")
         residual = rng.standard_normal((n, 2 * f)).astype(np.float32)
         norm_weight = rng.uniform(0.5, 1.5, 2 * f).astype(np.float32)
         summed = residual.astype(np.float64) + gate_up
         normed = summed / np.sqrt(np.mean(summed**2, axis=1, keepdims=True) + 1e-5) * norm_weight
         rt.ops.linear_add_rmsnorm(x, w, residual, norm_weight, 1e-5, full)
-        np.testing.assert_allclose(residual, summed, rtol=1e-4, atol=1e-4)
-        np.testing.assert_allclose(full, normed, rtol=1e-4, atol=1e-4)
+        assert_within(residual, summed, bound, f"linear_add_rmsnorm residual {n}")
+        assert ((full - normed) ** 2).sum() / (normed**2).sum() < 1e-8, f"linear_add_rmsnorm {n}"
     # The kit again with every kernel that has a parallel and a single-threaded version forced to one.
     assert_backend_conforms(
         "numpy",
@@ -177,12 +196,10 @@ def test_int8_gemm_runs_on_the_weights_own_arrays(plugin_env, monkeypatch, mode)
     for n in (1, 2, 3, 8, 9, 40):
         x = rng.standard_normal((n, k)).astype(np.float32)
         want = x @ values.T
-        # Up to INT8_MAX_N rows x is rounded to int16 steps of its 32-column piece's max / 32767: each output
-        # may move by half a step times the row's |w| per piece.
+        # Up to INT8_MAX_N rows x is rounded to int16 steps per 32-column piece (int16_rounding_bound).
         tolerance = 1e-4
         if n <= perfx_numba_cpu.INT8_MAX_N:
-            step = np.abs(x.reshape(n, -1, 32)).max(axis=2) / 32767
-            tolerance += 0.5 * np.einsum("jp,rp->jr", step, np.abs(values).reshape(m, -1, 32).sum(axis=2))
+            tolerance += int16_rounding_bound(x, values, 32)
         for op in ("int8_gemm", "linear", "logits"):
             out = np.full((n, m), np.nan, dtype=np.float32)
             getattr(rt.ops, op)(x, w, out)
@@ -269,36 +286,48 @@ def test_the_rows_benchmark_times_this_plugins_kernels():
     assert [p["per_row_vs_one_row"] for p in points][::2] == [1.0, 1.0]
 
 
-def test_scaled_row_dot_at_the_extremes_and_with_either_scale_type():
-    """The intrinsic behind the int8 GEMV: every lane at its most negative code times the most negative int16
-    (the largest pair sums there are), random rows, groups of 16 and 32, float16 scales (as int16 bits, looked up)
-    and float32 ones, all against float64 sums."""
+def test_scaled_rows_dot_at_the_extremes_and_with_either_scale_type():
+    """The intrinsic behind the int8 GEMV, for one row of x and a tile of them: every lane at its most negative
+    code times the most negative int16 (the largest pair sums there are), random rows, groups of 16 and 32,
+    float16 scales (as int16 bits, looked up) and float32 ones, all against float64 sums; a tile reaching past the
+    output's rows writes none of them."""
     from numba import njit
-    from perfx_numba_cpu.kernels import f16_table
-    from perfx_numba_cpu.vector_dot import scaled_row_dot16, scaled_row_dot32
+    from perfx_numba_cpu import kernels
+    from perfx_numba_cpu.kernels import TILE, f16_table
 
     @njit
-    def both(q, scales, f16, xq, xs, lanes):
+    def dots(q, scales, f16, xq, xs, lanes, out):
+        n = out.shape[0]
         if lanes == 16:
-            return scaled_row_dot16(q, scales, f16, xq, xs)
-        return scaled_row_dot32(q, scales, f16, xq, xs)
+            kernels.dot16_tile(q, scales, f16, xq, xs, 0, out, 1)  # rows 0 .. TILE - 1 into column 1
+            kernels.dot16_row(q, scales, f16, xq, xs, n - 1, out, 0)  # the last row into column 0
+        else:
+            kernels.dot32_tile(q, scales, f16, xq, xs, 0, out, 1)
+            kernels.dot32_row(q, scales, f16, xq, xs, n - 1, out, 0)
 
     rng = np.random.default_rng(0)
     table = f16_table()
+    n = TILE - 1  # the tile's last row is past the output
     for lanes in (16, 32):
         rows = [
-            (np.full(4 * lanes, -128, np.int8), np.full(4 * lanes, -32768, np.int16)),
-            (rng.integers(-128, 128, 5 * lanes, dtype=np.int8), rng.integers(-32768, 32768, 5 * lanes, dtype=np.int16)),
+            (np.full(4 * lanes, -128, np.int8), np.full((TILE, 4 * lanes), -32768, np.int16)),
+            (
+                rng.integers(-128, 128, 5 * lanes, dtype=np.int8),
+                rng.integers(-32768, 32768, (TILE, 5 * lanes), dtype=np.int16),
+            ),
         ]
         for q, xq in rows:
             groups = len(q) // lanes
             scale16 = rng.uniform(0.5, 2, groups).astype(np.float16)
-            xs = rng.uniform(1e-5, 1e-4, groups).astype(np.float32)
-            sums = (q.astype(np.int64) * xq).reshape(groups, lanes).sum(axis=1)
+            xs = rng.uniform(1e-5, 1e-4, (TILE, groups)).astype(np.float32)
+            sums = (q.astype(np.int64) * xq).reshape(TILE, groups, lanes).sum(axis=2)
+            want = (sums * scale16.astype(np.float64) * xs.astype(np.float64)).sum(axis=1)
             for scales in (scale16.view(np.int16), scale16.astype(np.float32)):
-                want = float((sums * scale16.astype(np.float64) * xs.astype(np.float64)).sum())
-                got = float(both(q, scales, table, xq, xs, lanes))
-                assert got == pytest.approx(want, rel=1e-6), (lanes, scales.dtype)
+                out = np.full((n, 2), np.nan, np.float32)
+                dots(q, scales, table, xq, xs, lanes, out)
+                np.testing.assert_allclose(out[:, 1], want[:n], rtol=1e-6, err_msg=f"{lanes} {scales.dtype}")
+                assert out[n - 1, 0] == pytest.approx(want[n - 1], rel=1e-6)
+                assert np.isnan(out[: n - 1, 0]).all()
 
 
 def test_int16_rounding_of_x_keeps_tiny_and_non_finite_pieces_safe():
@@ -315,3 +344,66 @@ def test_int16_rounding_of_x_keeps_tiny_and_non_finite_pieces_safe():
     for bad in (np.inf, np.nan):
         x[0, 40] = bad
         assert not quantize_x_int16(x, 32, xq, xs)
+
+
+def test_int4_pairs_dot_is_exact_at_the_extremes():
+    """The int4 pairs intrinsic against int64 sums: every code 15 and every x -32768 over a 128-column group (the
+    largest sum there is), then random codes and x, for one row of x and a tile of them."""
+    from numba import njit
+    from perfx_numba_cpu.kernels import ROWS, TILE, pairs_dot1, pairs_dot_tile
+
+    @njit
+    def both(codes_b, i0, i1, xq, j0, tile, dots):
+        if tile == 1:
+            pairs_dot1(codes_b, i0, i1, xq, j0, dots)
+        else:
+            pairs_dot_tile(codes_b, i0, i1, xq, j0, dots)
+
+    rng = np.random.default_rng(4)
+    half = 3 * 64  # three groups of 128 columns
+    cases = [
+        (np.full((half, ROWS), 0xFF, np.uint8), np.full((TILE + 1, 2 * half), -32768, np.int16)),
+        (
+            rng.integers(0, 256, (half, ROWS), dtype=np.uint8),
+            rng.integers(-32768, 32768, (TILE + 1, 2 * half), dtype=np.int16),
+        ),
+    ]
+    for codes_b, x16 in cases:
+        lo, hi = (codes_b & 15).astype(np.int64), (codes_b >> 4).astype(np.int64)
+        for tile, j0 in ((1, 0), (1, TILE), (TILE, 1)):
+            for i0, i1 in ((0, 64), (64, 192)):
+                x = x16[j0 : j0 + tile].astype(np.int64)
+                want = x[:, 2 * i0 : 2 * i1 : 2] @ lo[i0:i1] + x[:, 2 * i0 + 1 : 2 * i1 : 2] @ hi[i0:i1]
+                dots = np.zeros((tile, ROWS), np.int32)
+                both(codes_b, i0, i1, x16.view(np.int32), j0, tile, dots)
+                np.testing.assert_array_equal(dots, want)
+
+
+def test_int4_ops_propagate_non_finite_x(plugin_env):
+    """A row of x holding an infinity or NaN gives NaN or infinite outputs in that row (the int16 rounding refuses
+    it and the float path runs), and the other rows stay right."""
+    rng = np.random.default_rng(5)
+    f, k = 128, 128
+    weight = Int4Weight(
+        rng.integers(0, 256, (2 * f, k // 2), dtype=np.uint8),
+        rng.uniform(0.01, 0.05, (2 * f, k // 32)).astype(np.float16),
+        rng.normal(0.0, 0.1, (2 * f, k // 32)).astype(np.float32),
+        32,
+    )
+    rt = get_registry(refresh=True).open_runtime("numpy")
+    w = rt.prepare_weight(weight)
+    dense = w.float32().astype(np.float64)
+    for bad in (np.nan, np.inf):
+        x = rng.standard_normal((3, k)).astype(np.float32)
+        x[1, 7] = bad
+        full = np.empty((3, 2 * f), np.float32)
+        rt.ops.linear(x, w, full)
+        assert not np.isfinite(full[1]).any()
+        np.testing.assert_allclose(full[[0, 2]], x[[0, 2]] @ dense.T, rtol=1e-4, atol=1e-4)
+        out = np.empty((3, f), np.float32)
+        rt.ops.gate_up_silu(x, w, out)
+        assert not np.isfinite(out[1]).all() and np.isfinite(out[[0, 2]]).all()
+        residual = np.zeros((3, 2 * f), np.float32)
+        normed = np.empty((3, 2 * f), np.float32)
+        rt.ops.linear_add_rmsnorm(x, w, residual, np.ones(2 * f, np.float32), 1e-5, normed)
+        assert not np.isfinite(residual[1]).any() and np.isfinite(residual[[0, 2]]).all()
