@@ -1,18 +1,19 @@
 """perfx-numba-cpu: compiled (numba) CPU kernels that replace the NumPy backend's hot ops.
 
 - ``int4_gemv`` / ``int4_gemm`` with n <= SMALL_N (decode, batched decode, short prompts): a kernel on the
-  packed nibbles and the per-group scale and bias (never a float copy), ``s * (x_g . q_g) + b * sum(x_g)`` per
-  group, on a copy of the codes laid out in blocks of 64 rows (kernels.int4_block_layout), decoding each byte
-  once for kernels.TILE rows of x; parallel over row blocks while the machine is otherwise idle,
-  single-threaded when other processes load it (see _Machine).
+  packed nibbles and the per-group scale and bias (never a float copy), ``s * xs * (x_g . q_g) + b * sum(x_g)``
+  per group with x rounded to int16 per group and the dot in integers (vector_dot.int4_pairs_dot), on a copy of
+  the codes laid out in blocks of 64 rows (kernels.int4_block_layout), widening each byte column once for
+  kernels.TILE rows of x; parallel over row blocks while the machine is otherwise idle, single-threaded when
+  other processes load it (see _Machine). An x with an infinity or NaN takes the float path below.
 - ``int4_gemm`` with larger n (prefill chunks): W dequantized into a reused float32 scratch buffer (in tiles
   only for huge matrices), then one BLAS call.
 - ``int8_gemm`` (int8 codes, a scale per group: GGUF Q8_0 and Q5_0 in float16, e.g. SmolLM2's tied
   embedding/output, Q6_K in float32) with n <= INT8_MAX_N: a kernel on the weight's own arrays (no copy),
   4x less memory traffic than a float32 sgemv. With groups of 16 or 32 columns (every GGUF type) x is rounded
-  to int16 per group and a row is one integer multiply-add intrinsic (vector_dot); other groups take the float
-  kernel, each code widened once for kernels.TILE rows of x. Larger n: blocks of rows dequantized into one
-  reused buffer for BLAS. ``dense_gemm``: NumPy's BLAS.
+  to int16 per group and a row is one integer multiply-add intrinsic (vector_dot) for kernels.TILE rows of x;
+  other groups take the float kernel, each code widened once for kernels.TILE rows of x. Larger n: blocks of
+  rows dequantized into one reused buffer for BLAS. ``dense_gemm``: NumPy's BLAS.
 - fused ``rmsnorm``, ``add_rmsnorm``, ``head_rmsnorm``, ``silu_mul``, ``attention_decode`` (float32 caches;
   windows, soft-capping and custom scales included), and the
   composites ``linear``, ``qkv_proj``, ``logits`` (direct dispatch), ``gate_up_silu`` and
@@ -137,10 +138,10 @@ class _Int4Layout:
     def __init__(self, weight: Int4Weight):
         self.shape = weight.shape
         self.codes, self.scales, self.biases = K.int4_block_layout(weight.packed, weight.scale, weight.bias)
-        # Row-major, for prefill's dequantization (sequential reads, 1.7x faster than from the blocks):
-        # the weight's own arrays (shared, not copied) and its scales in float32 (numba has no float16).
+        # Row-major, for prefill's dequantization (sequential reads, 1.7x faster than from the blocks): the
+        # weight's own arrays, shared, not copied; its float16 scales as their bits (kernels.f16_table).
         self.packed = np.ascontiguousarray(weight.packed)
-        self.scale_rows = weight.scale.astype(np.float32)
+        self.scale_rows = np.ascontiguousarray(weight.scale).view(np.int16)
         self.bias_rows = np.ascontiguousarray(weight.bias, dtype=np.float32)
 
 
@@ -153,7 +154,7 @@ def _int4_layout(rt, w) -> _Int4Layout:
         layout = _Int4Layout(weight)
         track = getattr(rt, "track", None)
         if track is not None:
-            for array in (layout.codes, layout.scales, layout.biases, layout.scale_rows):
+            for array in (layout.codes, layout.scales, layout.biases):
                 track(array)
         setattr(w, ATTR, layout)
     return layout
@@ -183,14 +184,14 @@ def _int4_matmul(rt, x, w, out) -> None:
     # Prefill: BLAS runs its own threads; a serial dequantization keeps numba's pool out of its way.
     dequantize = K.int4_dequantize if PARALLEL_MODE == "always" else K.int4_dequantize_serial
     if rows == m:
-        dequantize(layout.packed, layout.scale_rows, layout.bias_rows, tile)
+        dequantize(layout.packed, layout.scale_rows, layout.bias_rows, F16, tile)
         _matmul(x, tile.T, out)
         return
     part = rt.scratch("numba_cpu.tile_out", (n, rows))
     for r0 in range(0, m, rows):
         r1 = min(m, r0 + rows)
         block = tile[: r1 - r0]
-        dequantize(layout.packed[r0:r1], layout.scale_rows[r0:r1], layout.bias_rows[r0:r1], block)
+        dequantize(layout.packed[r0:r1], layout.scale_rows[r0:r1], layout.bias_rows[r0:r1], F16, block)
         _matmul(x, block.T, part[:, : r1 - r0])
         out[:, r0:r1] = part[:, : r1 - r0]
 

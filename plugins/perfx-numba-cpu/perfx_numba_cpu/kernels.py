@@ -230,19 +230,19 @@ def _nibbles(byte):
 
 
 @njit(parallel=True, fastmath=FM, cache=True, nogil=True)
-def int4_dequantize(packed, scale, bias, dst):
-    """dst (rows, k) float32 = W[:rows], from the row-major packed codes and float32 scale and bias."""
+def int4_dequantize(packed, scale, bias, f16, dst):
+    """dst (rows, k) float32 = W[:rows], from the row-major packed codes, the float16 scales as their bits (looked
+    up in ``f16``, f16_table) and the float32 biases."""
     rows = dst.shape[0]
     half = packed.shape[1]
     groups = scale.shape[1]
     hg = half // groups
     for r in prange(rows):
         prow = packed[r]
-        srow = scale[r]
         brow = bias[r]
         drow = dst[r]
         for g in range(groups):
-            s = srow[g]
+            s = _group_scale(scale, r, g, f16)
             b = brow[g]
             for i in range(g * hg, (g + 1) * hg):
                 p, hi = _nibbles(prow[i])
@@ -545,6 +545,14 @@ def attention_decode(
     part_acc = np.empty((items, group, hd), dtype=np.float32)
     part_max = np.empty((items, group), dtype=np.float32)
     part_sum = np.empty((items, group), dtype=np.float32)
+    # Every item's scratch in one allocation each: an np.empty per item cost as much as a short item's work.
+    longest = 0
+    for b in range(n_rows):
+        longest = max(longest, positions[b] + 1)
+    longest = (longest + n_split - 1) // n_split
+    part_q = np.empty((items, group, hd), dtype=np.float32)
+    part_scores = np.empty((items, group, longest), dtype=np.float32)
+    part_exponents = np.empty((items, longest), dtype=np.int32)
     for item in prange(items):
         bj = item // n_split
         part = item - bj * n_split
@@ -556,9 +564,9 @@ def attention_decode(
         span = (pos + 1 - lo + n_split - 1) // n_split
         t0 = lo + part * span
         n_t = max(0, min(pos + 1, t0 + span) - t0)
-        qr = np.empty((group, hd), dtype=np.float32)
-        scores = np.empty((group, n_t), dtype=np.float32)
-        exponents = np.empty(n_t, dtype=np.int32)
+        qr = part_q[item]
+        scores = part_scores[item]
+        exponents = part_exponents[item]
         acc = part_acc[item]
         mx = part_max[item]
         keys = kc[layer, slot, j]
