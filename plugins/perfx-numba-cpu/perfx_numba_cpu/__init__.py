@@ -14,8 +14,8 @@
   to int16 per group and a row is one integer multiply-add intrinsic (vector_dot) for kernels.TILE rows of x;
   other groups take the float kernel, each code widened once for kernels.TILE rows of x. Larger n: blocks of
   rows dequantized into one reused buffer for BLAS. ``dense_gemm``: NumPy's BLAS.
-- fused ``rmsnorm``, ``add_rmsnorm``, ``head_rmsnorm``, ``silu_mul``, ``attention_decode`` (float32 caches;
-  windows, soft-capping and custom scales included), and the
+- fused ``rmsnorm``, ``add_rmsnorm``, ``head_rmsnorm``, ``silu_mul``, ``gelu_mul``, ``attention_decode``
+  (float32 caches; windows, soft-capping and custom scales included), and the
   composites ``linear``, ``qkv_proj``, ``logits`` (direct dispatch), ``gate_up_silu`` and
   ``linear_add_rmsnorm`` (one kernel each for n <= SMALL_N on int4 weights).
 
@@ -306,6 +306,11 @@ def silu_mul(rt, gate_up, out) -> None:
     (K.silu_mul if PARALLEL_MODE == "always" else K.silu_mul_serial)(gate_up, out)
 
 
+def gelu_mul(rt, gate_up, out) -> None:
+    # NumPy's version makes five temporaries of the gate's size (a 512-token Gemma 3 prompt: 4 MiB each, per layer).
+    (K.gelu_mul if PARALLEL_MODE == "always" else K.gelu_mul_serial)(gate_up, out)
+
+
 def attention_decode(rt, qkv, cache, layer, slots, positions, rope, spec, out) -> None:
     # float16 caches: the NumPy backend's version.
     if cache.k.dtype != np.float32 or qkv.dtype != np.float32:
@@ -342,6 +347,7 @@ OPS = {
     "rmsnorm": rmsnorm,
     "add_rmsnorm": add_rmsnorm,
     "silu_mul": silu_mul,
+    "gelu_mul": gelu_mul,
     "head_rmsnorm": head_rmsnorm,
     "attention_decode": attention_decode,
     "linear": linear,

@@ -77,7 +77,7 @@ def _x_pairs(x, groups):
     """x (n, k) for the int4 kernels: (ok, xq, xs, sums) with xq (n', k/2) int32 the int16 rounding of x per group
     (quantize_x_int16, viewed as pairs of columns), xs (n', groups) its scales and sums (n', groups) the float sums
     of each group; n' is n up to ROW_BY_ROW rows and n rounded up to whole TILEs (zero rows) beyond, so the tiled
-    loops need no remainder. ok is False where x holds an infinity or NaN (the caller then takes NumPy's path)."""
+    loops need no remainder. ok is False where x holds an infinity or NaN (the caller then takes the float path)."""
     n, k = x.shape
     padded = n if n <= ROW_BY_ROW else (n + TILE - 1) // TILE * TILE
     size = k // groups
@@ -475,6 +475,28 @@ def silu_mul(gate_up, out):
             orow[i] = (silu if g > F32(-80.0) else F32(0.0)) * gu[f + i]
 
 
+GELU_C = F32(2.0 * 0.7978845608028654)  # 2 sqrt(2 / pi): gelu_tanh(g) = g / (1 + exp(-GELU_C (g + 0.044715 g^3)))
+
+
+@njit(parallel=True, fastmath=FM, cache=True, nogil=True)
+def gelu_mul(gate_up, out):
+    """out = gelu_tanh(g) * u (GELU's tanh approximation, Gemma's GeGLU), as g / (1 + exp(-2 u')) with u' the
+    tanh's argument, which is 0.5 g (1 + tanh(u')); exp clamped as in _exp_into, so a very negative g gives a
+    value below 1e-36 in magnitude where the exact one is below 1e-22."""
+    n, f = out.shape
+    for r in prange(n):
+        gu = gate_up[r]
+        orow = out[r]
+        e = np.empty(f, dtype=np.float32)
+        exponents = np.empty(f, dtype=np.int32)
+        for i in range(f):
+            g = gu[i]
+            e[i] = GELU_C * (g + F32(0.044715) * g * g * g)
+        _exp_into(e, F32(-1.0), F32(0.0), e, exponents, f)
+        for i in range(f):
+            orow[i] = gu[i] / (F32(1.0) + e[i]) * gu[f + i]
+
+
 # -- attention (float32 KV cache) -------------------------------------------------------------------------
 @njit(fastmath=FM, cache=True, nogil=True)
 def _exp_into(src, sign, shift, dst, exponents, n):
@@ -650,5 +672,6 @@ int8_matvec_f32_serial = _twin(int8_matvec, "int8_matvec_f32_serial", _group_sca
 int8_dequantize_f32 = _twin(int8_dequantize, "int8_dequantize_f32", parallel=True, _group_scale=_own_scale)
 int8_dequantize_f32_serial = _twin(int8_dequantize, "int8_dequantize_f32_serial", _group_scale=_own_scale)
 silu_mul_serial = _twin(silu_mul, "silu_mul_serial")
+gelu_mul_serial = _twin(gelu_mul, "gelu_mul_serial")
 int4_dequantize_serial = _twin(int4_dequantize, "int4_dequantize_serial")
 attention_decode_serial = _twin(attention_decode, "attention_decode_serial")

@@ -27,6 +27,7 @@ REPLACED = (
     "rmsnorm",
     "add_rmsnorm",
     "silu_mul",
+    "gelu_mul",
     "attention_decode",
     "linear",
     "qkv_proj",
@@ -140,7 +141,7 @@ def test_fused_gate_up_silu_and_both_thread_modes(plugin_env, monkeypatch, mode)
     # The kit again with every kernel that has a parallel and a single-threaded version forced to one.
     assert_backend_conforms(
         "numpy",
-        ops=["int4_gemv", "int4_gemm", "dense_gemm", "silu_mul", "attention_decode", "gate_up_silu"]
+        ops=["int4_gemv", "int4_gemm", "dense_gemm", "silu_mul", "gelu_mul", "attention_decode", "gate_up_silu"]
         + ["linear_add_rmsnorm"],
     )
 
@@ -407,3 +408,19 @@ def test_int4_ops_propagate_non_finite_x(plugin_env):
         normed = np.empty((3, 2 * f), np.float32)
         rt.ops.linear_add_rmsnorm(x, w, residual, np.ones(2 * f, np.float32), 1e-5, normed)
         assert not np.isfinite(residual[1]).any() and np.isfinite(residual[[0, 2]]).all()
+
+
+def test_gelu_mul_against_float64_across_the_range():
+    """GeGLU's gelu_tanh(g) * u from g / (1 + exp(-2 u')), against the tanh formula in float64, from g = -30 (where
+    exp saturates and the exact value is below 1e-22) to 30, zeros and a NaN included."""
+    from perfx_numba_cpu.kernels import gelu_mul, gelu_mul_serial
+
+    g = np.concatenate([np.linspace(-30, 30, 1001), [0.0, -0.0, np.nan]]).astype(np.float32)
+    u = np.linspace(-2, 3, g.size).astype(np.float32)
+    g64 = g.astype(np.float64)
+    want = 0.5 * g64 * (1 + np.tanh(0.7978845608028654 * (g64 + 0.044715 * g64**3))) * u
+    for kernel in (gelu_mul, gelu_mul_serial):
+        out = np.empty((1, g.size), np.float32)
+        kernel(np.concatenate([g, u])[None, :], out)
+        np.testing.assert_allclose(out[0, :-1], want[:-1], rtol=2e-6, atol=1e-6)
+        assert np.isnan(out[0, -1])
