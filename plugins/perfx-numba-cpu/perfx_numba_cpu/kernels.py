@@ -375,17 +375,23 @@ def int8_matvec_int16(q, scales, f16, xq, xs, out):
     m, k = q.shape
     n = out.shape[0]
     groups = xs.shape[1]
-    tile = 1 if n < 3 else TILE
-    for r in prange(m):
-        for j0 in range(0, n, tile):
-            if k // groups == 16:
-                if tile == 1:
-                    dot16_row(q[r], scales[r], f16, xq, xs, j0, out, r)
-                else:
+    # One loop per variant: a branch among the four inside one loop made a row 25% slower.
+    if k // groups == 16:
+        if n < 3:
+            for r in prange(m):
+                for j in range(n):
+                    dot16_row(q[r], scales[r], f16, xq, xs, j, out, r)
+        else:
+            for r in prange(m):
+                for j0 in range(0, n, TILE):
                     dot16_tile(q[r], scales[r], f16, xq, xs, j0, out, r)
-            elif tile == 1:
-                dot32_row(q[r], scales[r], f16, xq, xs, j0, out, r)
-            else:
+    elif n < 3:
+        for r in prange(m):
+            for j in range(n):
+                dot32_row(q[r], scales[r], f16, xq, xs, j, out, r)
+    else:
+        for r in prange(m):
+            for j0 in range(0, n, TILE):
                 dot32_tile(q[r], scales[r], f16, xq, xs, j0, out, r)
 
 
