@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -90,6 +90,11 @@ class Runtime(ABC):
     @abstractmethod
     def prepare_weight(self, weight: Weight) -> Any:
         """Upload a weight once, in the layout this backend's matmul ops want; returns a handle."""
+
+    def prepare_weights(self, weights: Sequence[Weight]) -> list[Any]:
+        """prepare_weight of several weights that live as long as each other (a layer's matrices), which a
+        runtime may place together (OpenCL: in shared buffers); this default prepares them one by one."""
+        return [self.prepare_weight(w) for w in weights]
 
     def weight_bytes(self, handle: Any) -> int | None:
         """Bytes this runtime holds for a prepared weight now, every copy and layout of it included (``perfx

@@ -61,3 +61,54 @@ def test_file_blocks_repacked_on_the_device_equal_the_host_conversion(tmp_path, 
         # and the host fallback of a kept weight is the host conversion itself
         for a, b in zip((blocks.as_int4().packed, blocks.as_int4().bias), (int4.packed, int4.bias), strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+def test_weights_prepared_together_share_buffers_and_compute_as_alone():
+    """prepare_weights puts a layer's int4 arrays in one buffer, at offsets the kernels add (INT4_WEIGHT_PARAMS),
+    its size rounded up to 2 MiB; later weights' arrays go where they fit in what it left. Matmuls and embedding
+    rows read through those offsets must equal the float computation."""
+    rng = np.random.default_rng(3)
+
+    def int4(m, k, group=32):
+        return Int4Weight(
+            rng.integers(0, 256, (m, k // 2), dtype=np.uint8),
+            (rng.standard_normal((m, k // group)) * 0.05).astype(np.float16),
+            (rng.standard_normal((m, k // group)) * 0.05).astype(np.float32),
+            group,
+        )
+
+    big = int4(2048, 1024)  # 1.375 MiB of arrays: a buffer of 2 MiB
+    small = [int4(64, 128), int4(96, 128)]
+    runtime = open_runtime_or_skip("opencl")  # its own: no earlier test's buffers with room left
+    try:
+        _check_shared_weights(runtime, rng, big, small)
+    finally:
+        runtime.close()
+
+
+def _check_shared_weights(runtime, rng, big, small):
+    from perfx_core.weights import dequantize
+
+    (h_big,) = runtime.prepare_weights([big])
+    h_small = runtime.prepare_weights(small)
+    arrays = [(h.packed, h.scale, h.bias) for h in (h_big, *h_small)]
+    shared = arrays[0][0].alloc
+    assert shared.nbytes == 2 << 20
+    assert all(t.alloc is shared for parts in arrays for t in parts)  # the small ones in the first one's slack
+    offsets = sorted(t.offset * t.dtype.itemsize for parts in arrays for t in parts)
+    assert offsets[0] == 0 and len(set(offsets)) == len(offsets)
+    for w, h in zip((big, *small), (h_big, *h_small), strict=True):
+        m, k = w.shape
+        np.testing.assert_array_equal(runtime.to_numpy(h.packed), w.packed.reshape(m, k // 32, 16).transpose(1, 0, 2))
+        np.testing.assert_array_equal(runtime.to_numpy(h.scale), w.scale.T)
+        want_w = dequantize(w)
+        for n in (1, 3, 80):  # the GEMV, its passes and the tiled GEMM
+            x = rng.standard_normal((n, k)).astype(np.float32)
+            out = runtime.empty((n, m))
+            runtime.ops.linear(runtime.from_numpy(x), h, out)
+            got, want = runtime.to_numpy(out), x @ want_w.T
+            assert np.abs(got - want).max() <= 1e-3 * np.abs(want).max()
+        ids = np.array([0, m - 1, m // 2])
+        rows = runtime.empty((len(ids), k))
+        runtime.ops.embedding(h, ids, rows)
+        np.testing.assert_allclose(runtime.to_numpy(rows), want_w[ids], rtol=1e-6, atol=1e-6)

@@ -22,7 +22,6 @@ from perfx_core.ops import (
     generic_attention_mixed,
     generic_gate_up_gelu,
     generic_gate_up_silu,
-    generic_linear_add_rmsnorm,
     prompt_indices,
     row_view,
 )
@@ -102,9 +101,13 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 def _int4_weight_args(w) -> tuple:
-    """The kernel arguments of an int4 weight after its three buffers' places: packed, scale, bias (a weight
-    without stored biases passes its scales there, unread: its kernels are built with Q4_0_BIAS)."""
-    return w.packed.buffer, w.scale.buffer, (w.scale if w.bias is None else w.bias).buffer
+    """The kernel arguments of an int4 weight (kernels/int4_bias.cl INT4_WEIGHT_PARAMS): packed, scale and bias,
+    each a (buffer, element offset) pair, since several weights share a buffer; a weight without stored biases
+    passes its scales' buffer there, unread (its kernels are built with Q4_0_BIAS)."""
+    bias = (w.scale.buffer, 0) if w.bias is None else (w.bias.buffer, w.bias.offset)
+    # Buffers and ints, not tensors: the launch cache keeps its arguments, and a tensor there would keep the
+    # weight's allocation (what allocated_bytes counts) alive after the model that owns it is gone.
+    return w.packed.buffer, w.packed.offset, w.scale.buffer, w.scale.offset, *bias
 
 
 def _bias_options(w) -> dict:
@@ -724,20 +727,22 @@ def _linear_norm_tail(rt, x, w, residual, weight, eps, out, post_weight=None) ->
 
 
 def linear_add_rmsnorm(rt, x, w, residual, weight, eps, out):
-    """One launch where the matmul kernel can finish the job; else the matmul, then add_rmsnorm."""
+    """One launch where the matmul kernel can finish the job; else the matmul into ``out``, then add_rmsnorm in
+    place there: each of its work-items reads the elements it later writes (add_rmsnorm_token), so no delta
+    buffer is needed (a 7B's 512-token prefill chunk: 8 MiB)."""
     if not _linear_norm_tail(rt, x, w, residual, weight, eps, out):
-        generic_linear_add_rmsnorm(rt, x, w, residual, weight, eps, out)
+        rt.ops.linear(x, w, out)
+        add_rmsnorm(rt, out, residual, weight, eps, out)
 
 
 def linear_post_norm_add_rmsnorm(rt, x, w, post_weight, residual, weight, eps, out):
     """One launch where the matmul kernel can finish the job; else the matmul, then one norms launch."""
     if _linear_norm_tail(rt, x, w, residual, weight, eps, out, post_weight):
         return
-    delta = rt.scratch("linear_add_rmsnorm", out.shape)
-    rt.ops.linear(x, w, delta)
+    rt.ops.linear(x, w, out)  # delta in out, normed in place as in linear_add_rmsnorm
     n, d = out.shape
     kernel = rt.kernel("elementwise", "post_norm_add_rmsnorm", NORM_WG=NORM_WG)
-    rt.launch(kernel, (NORM_WG * n,), (NORM_WG,), delta, post_weight, residual, weight, out, d, float(eps))
+    rt.launch(kernel, (NORM_WG * n,), (NORM_WG,), out, post_weight, residual, weight, out, d, float(eps))
 
 
 def rmsnorm(rt, x, weight, eps, out):

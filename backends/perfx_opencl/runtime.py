@@ -14,6 +14,7 @@ import math
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -211,6 +212,25 @@ class _Graph:
 
 
 _BLOCK_BYTES = {"q4_0": 18, "q4_1": 20}  # GGML block sizes of the file formats prepare_weight re-packs itself
+_ELEM_BYTES = {"ushort": 2, "uint": 4, "uint4": 16}  # kernels/layout.cl's ELEMs
+# Weights' shared buffers (prepare_weights): rounded up to the 2 MiB that NVIDIA's driver rounds a buffer over
+# 1 MiB to (measured: 16 buffers of 1 MiB + 4 KiB took 32 MiB, of 2.6875 MiB 64), at most 1 GiB each.
+_ARENA_ROUNDING = 2 << 20
+_ARENA_MAX = 1 << 30
+
+
+def _int4_layout(weight: Weight) -> list[tuple[tuple[int, ...], np.dtype]] | None:
+    """The (shape, dtype)s of an int4 weight's device arrays (packed, scale, bias; a Q4_0 file's has no bias),
+    or None for a weight that is not placed as int4."""
+    if isinstance(weight, Int4Weight):
+        m, k = weight.shape
+        flip = lambda a: ((a.shape[1], a.shape[0]), a.dtype)  # noqa: E731  [group][row]
+        return [((k // 32, m, 16), np.dtype(np.uint8)), flip(weight.scale), flip(weight.bias)]
+    if isinstance(weight, BlockWeight) and weight.block_format in _BLOCK_BYTES:
+        m, k = weight.shape
+        parts = [((k // 32, m, 16), np.dtype(np.uint8)), ((k // 32, m), np.dtype(np.float16))]
+        return parts + [((k // 32, m), np.dtype(np.float32))] if weight.block_format == "q4_1" else parts
+    return None
 
 
 class OpenCLRuntime(Runtime):
@@ -233,6 +253,7 @@ class OpenCLRuntime(Runtime):
         self._image_max_texels = int(device.image_max_buffer_size) if self.use_images else 0
         self._index_buffers: dict[str, tuple[_Allocation, np.ndarray]] = {}  # device buffer, last values sent
         self._zeroed: dict[str, CLTensor] = {}  # see zeroed_ints
+        self._arenas: list[list[Any]] = []  # weights' shared buffers: [weak reference, bytes used, capacity]
         self._capture: _Capture | None = None  # see begin_capture
         self.tuning_generation = 0  # bumped by tune(): part of the graph signature
         self._closed = False
@@ -391,36 +412,84 @@ class OpenCLRuntime(Runtime):
 
     # -- weights and cache -----------------------------------------------------------------------------
     def prepare_weight(self, weight: Weight):
+        return self.prepare_weights([weight])[0]
+
+    def prepare_weights(self, weights: list[Weight]) -> list:
+        """Device handles of ``weights`` (a layer's matrices). Their int4 arrays share buffers (_place_parts):
+        NVIDIA's driver rounds each buffer over 1 MiB up to 2 MiB, which cost a 7B Q4_0 145 MiB with one buffer
+        per array, and ~14 MiB placed a layer to a buffer. Other weights get buffers of their own."""
         start = time.perf_counter()
         try:
-            if isinstance(weight, Int4Weight):
-                m, k = weight.shape
-                # Chunk-major layout (kernels/int4.cl): 16-byte chunks of 32 codes, [chunk][row]; scale (float16
-                # bits, read with vload_half) and bias [group][row].
-                return CLInt4Weight(
-                    weight.shape,
-                    weight.group_size,
-                    self._transposed(weight.packed.reshape(m, k // 32, 16), "uint4"),
-                    self._transposed(weight.scale, "ushort"),
-                    self._transposed(weight.bias, "uint"),
-                )
-            if isinstance(weight, Int8Weight):
-                m, k = weight.shape
-                # Chunk-major too (kernels/int8_weight.cl): 16-byte chunks of 16 codes [chunk][row], scale
-                # [group][row] in its own dtype (float16 bits or float32).
-                return CLInt8Weight(
-                    weight.shape,
-                    weight.group_size,
-                    self._transposed(weight.codes.reshape(m, k // 16, 16), "uint4"),
-                    self._transposed(weight.scale, "ushort" if weight.scale.dtype == np.float16 else "uint"),
-                )
-            if isinstance(weight, DenseWeight):
-                return CLDenseWeight(weight.shape, self.from_numpy(weight.data))
-            if isinstance(weight, BlockWeight) and weight.block_format in _BLOCK_BYTES:
-                return self._from_blocks(weight)
-            raise InvalidArgumentError(f"the OpenCL backend cannot prepare a {type(weight).__name__}")
+            layouts = [_int4_layout(w) for w in weights]
+            placed = iter(self._place_parts([part for layout in layouts if layout for part in layout]))
+            return [
+                self._prepare(w, [next(placed) for _ in layout] if layout else None)
+                for w, layout in zip(weights, layouts, strict=True)
+            ]
         finally:
             self.load_stats["weights_s"] += time.perf_counter() - start
+
+    def _place_parts(self, parts: list[tuple[tuple[int, ...], np.dtype]]) -> list[CLTensor]:
+        """Tensors of these (shape, dtype)s, each where it fits in what earlier calls' buffers have left at their
+        ends (they were rounded up: the driver would round them anyway), the others together in new buffers of
+        at most _ARENA_MAX bytes (kernels take int32 byte offsets). Buffers are held by their tensors only."""
+        self._arenas = [a for a in self._arenas if a[0]() is not None]
+        align = max(256, int(self.cl_device.mem_base_addr_align) // 8)
+        cap = min(_ARENA_MAX, int(self.cl_device.max_mem_alloc_size))
+        sizes = [math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in parts]
+        where: list[tuple[_Allocation, int] | None] = [None] * len(parts)
+        for i, nbytes in enumerate(sizes):
+            for arena in self._arenas:
+                alloc = arena[0]()
+                if alloc is not None and arena[2] - arena[1] >= nbytes:
+                    where[i], arena[1] = (alloc, arena[1]), arena[1] + -(-nbytes // align) * align
+                    break
+        groups: list[list[int]] = []
+        for i in (i for i, w in enumerate(where) if w is None):
+            if not groups or sum(-(-sizes[j] // align) * align for j in groups[-1]) + sizes[i] > cap:
+                groups.append([])
+            groups[-1].append(i)
+        for group in groups:
+            total = sum(-(-sizes[j] // align) * align for j in group)
+            capacity = -(-total // _ARENA_ROUNDING) * _ARENA_ROUNDING if total > _ARENA_ROUNDING // 2 else total
+            alloc = self._allocate(min(capacity, max(total, cap)))
+            used = 0
+            for j in group:
+                where[j], used = (alloc, used), used + -(-sizes[j] // align) * align
+            self._arenas.append([weakref.ref(alloc), used, alloc.nbytes])
+        return [
+            CLTensor(alloc, offset // np.dtype(dtype).itemsize, shape, np.dtype(dtype))
+            for (alloc, offset), (shape, dtype) in zip(where, parts)
+        ]
+
+    def _prepare(self, weight: Weight, parts: list[CLTensor] | None):
+        """One weight's device handle; an int4 one's arrays go into ``parts`` (its _int4_layout, placed)."""
+        if isinstance(weight, Int4Weight):
+            m, k = weight.shape
+            # Chunk-major layout (kernels/int4.cl): 16-byte chunks of 32 codes, [chunk][row]; scale (float16
+            # bits, read with vload_half) and bias [group][row].
+            return CLInt4Weight(
+                weight.shape,
+                weight.group_size,
+                self._transposed(weight.packed.reshape(m, k // 32, 16), "uint4", parts[0]),
+                self._transposed(weight.scale, "ushort", parts[1]),
+                self._transposed(weight.bias, "uint", parts[2]),
+            )
+        if isinstance(weight, Int8Weight):
+            m, k = weight.shape
+            # Chunk-major too (kernels/int8_weight.cl): 16-byte chunks of 16 codes [chunk][row], scale
+            # [group][row] in its own dtype (float16 bits or float32).
+            return CLInt8Weight(
+                weight.shape,
+                weight.group_size,
+                self._transposed(weight.codes.reshape(m, k // 16, 16), "uint4"),
+                self._transposed(weight.scale, "ushort" if weight.scale.dtype == np.float16 else "uint"),
+            )
+        if isinstance(weight, DenseWeight):
+            return CLDenseWeight(weight.shape, self.from_numpy(weight.data))
+        if isinstance(weight, BlockWeight) and weight.block_format in _BLOCK_BYTES:
+            return self._from_blocks(weight, parts)
+        raise InvalidArgumentError(f"the OpenCL backend cannot prepare a {type(weight).__name__}")
 
     def weight_bytes(self, handle: CLInt4Weight | CLInt8Weight | CLDenseWeight) -> int:
         if handle.kind == "int4":
@@ -429,7 +498,7 @@ class OpenCLRuntime(Runtime):
             tensors = (handle.codes, handle.scale) if handle.kind == "int8" else (handle.data,)
         return sum(t.size * t.dtype.itemsize for t in tensors if t is not None)
 
-    def _from_blocks(self, weight: BlockWeight) -> CLInt4Weight:
+    def _from_blocks(self, weight: BlockWeight, parts: list[CLTensor]) -> CLInt4Weight:
         """A GGUF Q4_0/Q4_1 weight from the file's own bytes: the parts are copied into one device buffer as they
         are, and re-packed into the int4 layout there (kernels/q4_blocks.cl), so the host converts nothing."""
         m, k = weight.shape
@@ -445,40 +514,39 @@ class OpenCLRuntime(Runtime):
                 )
                 row += part.shape[0]
         has_min = weight.block_format == "q4_1"
-        out = CLInt4Weight(
-            weight.shape,
-            32,
-            self.empty((blocks, m, 16), np.uint8),
-            self.empty((blocks, m), np.float16),
-            self.empty((blocks, m), np.float32) if has_min else None,  # Q4_0's is -8 * scale: int4_bias.cl
-        )
+        # Q4_0 has no bias part (_int4_layout): it is -8 * scale, int4_bias.cl
+        out = CLInt4Weight(weight.shape, 32, parts[0], parts[1], parts[2] if has_min else None)
         if m and blocks:
             kernel = self.kernel("q4_blocks", "q4_blocks_to_chunks", BLOCK_BYTES=block_bytes, HAS_MIN=int(has_min))
             with check(f"re-packing a {weight.block_format} weight ({m}x{k})"):
                 private = self.cl.Kernel(kernel.program, kernel.function_name)  # holds the staged buffer until run
+                bias = out.scale if out.bias is None else out.bias  # (Q4_0: not written)
                 private.set_args(
                     staged.buffer,
-                    out.packed.buffer,
-                    out.scale.buffer,
-                    (out.scale if out.bias is None else out.bias).buffer,  # (Q4_0: not written)
+                    *(a for t in (out.packed, out.scale) for a in (t.buffer, np.int32(t.offset))),
+                    bias.buffer,
+                    np.int32(0 if out.bias is None else bias.offset),
                     np.int32(m),
                     np.int32(blocks),
                 )
                 self.cl.enqueue_nd_range_kernel(self.queue, private, (m, blocks), None)
         return out
 
-    def _transposed(self, array: np.ndarray, elem: str) -> CLTensor:
-        """A device copy of ``array`` (rows, cols, ...) with its first two axes swapped; the trailing axes (a
-        16-byte chunk) are one ``elem`` of kernels/layout.cl. The host array is uploaded as it is and transposed
-        on the device, so placing a weight costs the host one copy instead of a strided NumPy transpose too."""
+    def _transposed(self, array: np.ndarray, elem: str, out: CLTensor | None = None) -> CLTensor:
+        """A device copy of ``array`` (rows, cols, ...) with its first two axes swapped, into ``out`` if given;
+        the trailing axes (a 16-byte chunk) are one ``elem`` of kernels/layout.cl. The host array is uploaded as
+        it is and transposed on the device, so placing a weight costs the host one copy instead of a strided
+        NumPy transpose too."""
         rows, cols = array.shape[:2]
         staged = self.from_numpy(array)
-        out = self.empty((cols, rows, *array.shape[2:]), array.dtype)
+        if out is None:
+            out = self.empty((cols, rows, *array.shape[2:]), array.dtype)
         if staged.size:
             kernel = self.kernel("layout", "transpose_rows", ELEM=elem)
+            at = out.offset * out.dtype.itemsize // _ELEM_BYTES[elem]  # dst's offset in elements of ELEM
             with check(f"re-packing a weight ({rows}x{cols} of {elem})"):
                 private = self.cl.Kernel(kernel.program, kernel.function_name)  # not a cached launch: the staged
-                private.set_args(staged.buffer, out.buffer, np.int32(rows), np.int32(cols))  # copy goes right after
+                private.set_args(staged.buffer, out.buffer, np.int32(at), np.int32(rows), np.int32(cols))  # copy goes
                 self.cl.enqueue_nd_range_kernel(self.queue, private, (rows, cols), None)
         return out
 
@@ -842,6 +910,7 @@ class OpenCLRuntime(Runtime):
         finally:
             self._index_buffers.clear()
             self._zeroed.clear()
+            self._arenas.clear()
             self._launches.clear()  # their kernel objects hold every buffer they were launched with
             self._kernels.clear()
             self.__dict__.pop("_scratch_buffers", None)

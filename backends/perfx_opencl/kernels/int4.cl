@@ -190,8 +190,9 @@ inline int chunk_idot(uint4 lo, uint4 hi, __local const uint4* xq) {
 // output columns, thread (lr, split) takes column slots lr + r*RW and the chunks split, split + KS, ...; the KS
 // partial sums meet in local memory. Global size (ceil(cols / cols per work-group) * RW, KS), local (RW, KS).
 __kernel __attribute__((reqd_work_group_size(RW, KS, 1))) void int4_gemv(
-    __global const uint4* packed, __global const half* scale, __global const float* bias, X_ARG, int x_off,
-    __global float* out, int out_off, int n, int cols, int k, int group_shift EPILOGUE_ARGS) {
+    INT4_WEIGHT_PARAMS(uint4, half), X_ARG, int x_off, __global float* out, int out_off, int n, int cols, int k,
+    int group_shift EPILOGUE_ARGS) {
+    INT4_WEIGHT_AT(uint4);
 #ifdef SILU
     const int m = 2 * cols;
 #else
@@ -339,9 +340,9 @@ __kernel __attribute__((reqd_work_group_size(RW, KS, 1))) void int4_gemv(
 }
 
 // Rows ids[i] of an int4 table (vocab, d) in the chunk-major layout, dequantized: global size (d, n).
-__kernel void embedding_int4(__global const uchar* packed, __global const half* scale, __global const float* bias,
-                             __global const int* ids, __global float* out, int out_off, int vocab, int d,
-                             int group_shift) {
+__kernel void embedding_int4(INT4_WEIGHT_PARAMS(uchar, half), __global const int* ids, __global float* out,
+                             int out_off, int vocab, int d, int group_shift) {
+    INT4_WEIGHT_AT(uchar);
     const int c = get_global_id(0), i = get_global_id(1);
     if (c >= d) return;
     const size_t row = (size_t)ids[i];

@@ -3,8 +3,9 @@
 // chunk of x and of the dequantized W at a time. Global size (ceil(m / 128) * 16, ceil(n / TM) * 16), local (16, 16).
 
 __kernel __attribute__((reqd_work_group_size(16, 16, 1))) void int4_gemm(
-    __global const uint4* packed, __global const half* scale, __global const float* bias, __global const float* x,
-    int x_off, __global float* out, int out_off, int n, int m, int k, int group_shift) {
+    INT4_WEIGHT_PARAMS(uint4, half), __global const float* x, int x_off, __global float* out, int out_off, int n,
+    int m, int k, int group_shift) {
+    INT4_WEIGHT_AT(uint4);
     __local float4 ws[KT][TN / 4];  // dequantized weights of the chunk, [kk][row]
     __local float4 xs[KT][TM / 4];  // the chunk of x, [kk][token]
     const int tx = get_local_id(0), ty = get_local_id(1), tid = ty * 16 + tx;

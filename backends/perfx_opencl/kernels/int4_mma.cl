@@ -138,8 +138,9 @@ inline void multiply_chunk(float acc[RT][NT8][4], const uint w[RT][2], const uin
 }
 
 __kernel __attribute__((reqd_work_group_size(32 * KW, 1, 1))) void int4_mma(
-    __global const uint* packed, __global const ushort* scale, __global const float* bias, __global const float* x,
-    int x_off, __global float* out, int out_off, int n, int rows, int k EPILOGUE_ARGS) {
+    INT4_WEIGHT_PARAMS(uint, ushort), __global const float* x, int x_off, __global float* out, int out_off, int n,
+    int rows, int k EPILOGUE_ARGS) {
+    INT4_WEIGHT_AT(uint);
 #ifndef NV_MMA
     __local float mma_scratch[KW][MMA_SCRATCH];
 #endif
