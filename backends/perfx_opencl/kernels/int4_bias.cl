@@ -15,6 +15,6 @@
     __global const PT *packed, int packed_off, __global const ST *scale, int scale_off, __global const float *bias, \
         int bias_off
 #define INT4_WEIGHT_AT(PT)                                                       \
-    packed = (__global const PT*)((__global const uchar*)packed + packed_off); \
+    packed += (uint)packed_off / (uint)sizeof(PT);                            \
     scale += scale_off;                                                          \
     bias += bias_off
