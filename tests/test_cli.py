@@ -125,15 +125,20 @@ def test_bench_prints_json_and_a_table_like_llama_bench(smollm2_path):
         assert spread == pytest.approx(statistics.stdev(values), abs=0.01)
     assert f"on {report['device']}: time to first token" in table
     assert "attention_decode" in table
-    # Bytes per weight the backend holds, per kind of matrix: at least SmolLM2's Q4_1 format (0.5 byte of codes +
-    # a float16 scale and a float32 bias per 32) for the int4 ones; its Q8_0 embedding (the tied LM head too)
-    # exactly the file's int8 codes and float16 scales, 34 bytes per 32 weights.
+    # Bytes per weight the backend holds, per kind of matrix: SmolLM2's Q4_1 matrices in its file's bytes (0.5 byte
+    # of codes + a float16 scale and bias per 32: 0.625) where perfx-numba-cpu holds them as its blocks, else at
+    # least the host format's (a float32 bias: 0.6875); its Q8_0 embedding (the tied LM head too) exactly the file's
+    # int8 codes and float16 scales, 34 bytes per 32 weights.
     held = report["weight_bytes"]
     assert set(held) == {"qkv", "wo", "gate_up", "down", "embedding"}  # tied: no separate output
     q = 576
     assert held["qkv"]["weights"] == 30 * (q + 2 * 192) * q and held["embedding"]["weights"] == 49152 * q
+    numba = report["ops"]["linear"].startswith("numba-cpu:")
     for kind in ("qkv", "wo", "gate_up", "down"):
-        assert held[kind]["bytes_per_weight"] >= 0.6875, held[kind]
+        if numba:
+            assert held[kind]["bytes"] == held[kind]["weights"] * 20 // 32, held[kind]
+        else:
+            assert held[kind]["bytes_per_weight"] >= 0.6875, held[kind]
     assert held["embedding"]["bytes"] == 49152 * q * 34 // 32
     assert held["embedding"]["bytes_per_weight"] == pytest.approx(1.0625, abs=1e-3)
     assert "bytes per weight held by the backend" in table

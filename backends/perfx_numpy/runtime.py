@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,30 +22,38 @@ from perfx_core.weights import DenseWeight, Int4Weight, Int8Weight, Weight, dequ
 class NumpyWeight:
     """A weight as the NumPy ops see it: the host-format ``weight`` plus a float32 copy made on first use.
 
-    Keeping the packed form lets a plugin op (e.g. a low-memory int4 GEMV) work without the float copy.
+    Keeping the packed form lets a plugin op (e.g. a low-memory int4 GEMV) work without the float copy. An op that
+    keeps a complete layout of its own (perfx-numba-cpu's blocked int4 codes) lets the host format's arrays go with
+    ``hand_over``, so the weight is held once; ``weight`` is then rebuilt from that layout whenever an op asks for
+    it, which only ops the plugin does not replace do.
     """
 
-    weight: Weight
+    _weight: Weight | None
     runtime: NumpyRuntime
     _float32: np.ndarray | None = field(default=None, repr=False)
+    _rebuild: Callable[[], Weight] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        weight = self._weight
+        self.shape: tuple[int, int] = weight.shape
+        self.kind = "int4" if isinstance(weight, Int4Weight) else "int8" if isinstance(weight, Int8Weight) else "dense"
 
     @property
-    def kind(self) -> str:
-        if isinstance(self.weight, Int4Weight):
-            return "int4"
-        return "int8" if isinstance(self.weight, Int8Weight) else "dense"
+    def weight(self) -> Weight:
+        return self._weight if self._weight is not None else self._rebuild()
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.weight.shape
+    def hand_over(self, rebuild: Callable[[], Weight]) -> None:
+        """Drop the host format's arrays; ``rebuild()`` makes the same weight again from the caller's layout."""
+        self._weight, self._rebuild = None, rebuild
 
     def float32(self) -> np.ndarray:
         """(rows, cols) float32 values, computed once (counted in the runtime's allocated bytes)."""
         if self._float32 is None:
-            if isinstance(self.weight, DenseWeight) and self.weight.data.dtype == np.float32:
-                self._float32 = self.weight.data
+            weight = self.weight
+            if isinstance(weight, DenseWeight) and weight.data.dtype == np.float32:
+                self._float32 = weight.data
             else:
-                self._float32 = self.runtime.track(dequantize(self.weight))
+                self._float32 = self.runtime.track(dequantize(weight))
         return self._float32
 
 
@@ -90,9 +99,9 @@ class NumpyRuntime(Runtime):
         return flat[offset : offset + size].reshape(shape)
 
     def prepare_weight(self, weight: Weight) -> NumpyWeight:
-        handle = NumpyWeight(weight, self)
-        self.count_allocation(handle, weight.nbytes)  # the host arrays are shared, but live for the model
-        return handle
+        # Counted while the host arrays live: for the model's lifetime, or until an op's layout takes their place
+        self.count_allocation(weight, weight.nbytes)
+        return NumpyWeight(weight, self)
 
     def weight_bytes(self, handle: NumpyWeight) -> int:
         """The host format's arrays, the float copy once made, and the layouts ops keep on the handle (a
@@ -106,9 +115,11 @@ class NumpyRuntime(Runtime):
                     base = base.base
                 found[id(base)] = base.nbytes
 
-        weight = handle.weight
-        if isinstance(weight, DenseWeight):
-            arrays: tuple[np.ndarray, ...] = (weight.data,)
+        weight = handle._weight  # None once handed over: the layout below holds the weight
+        if weight is None:
+            arrays: tuple[np.ndarray, ...] = ()
+        elif isinstance(weight, DenseWeight):
+            arrays = (weight.data,)
         elif isinstance(weight, Int8Weight):
             arrays = (weight.codes, weight.scale)
         else:
@@ -117,7 +128,7 @@ class NumpyRuntime(Runtime):
             add(array)
         add(handle._float32)
         for name, value in vars(handle).items():
-            if name not in ("weight", "runtime", "_float32"):
+            if name not in ("_weight", "runtime", "_float32", "_rebuild", "shape", "kind"):
                 slots = getattr(type(value), "__slots__", ())
                 for inner in (*getattr(value, "__dict__", {}).values(), *(getattr(value, s, None) for s in slots)):
                     add(inner)

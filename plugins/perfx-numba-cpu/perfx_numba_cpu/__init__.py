@@ -32,6 +32,7 @@ from time import perf_counter, process_time
 
 import numba
 import numpy as np
+from perfx_numpy import ops as numpy_ops
 
 from perfx_core.errors import InvalidArgumentError
 from perfx_core.hookspecs import hookimpl
@@ -131,18 +132,23 @@ def _run(parallel, serial, work, *args):
 
 
 class _Int4Layout:
-    """kernels.int4_block_layout of one weight: codes, float32 scales and biases in blocks of ROWS rows."""
+    """An int4 weight as the plugin holds it: kernels.int4_block_layout's codes, scales and biases, the only copy.
 
-    __slots__ = ("codes", "scales", "biases", "shape", "packed", "scale_rows", "bias_rows")
+    The kernels read the blocks for every n: the GEMV walks them, prefill dequantizes them into W.T for BLAS and
+    the embedding lookup gathers rows from them. So the handle's row-major arrays are let go (NumpyWeight.hand_over)
+    and the weight is held in about the file's bytes (GGUF Q4_0/Q4_1: 0.625 bytes per weight, float16 scales and
+    biases; Q4_K 0.69, float32 biases)."""
+
+    __slots__ = ("codes", "scales", "biases", "shape", "group_size")
 
     def __init__(self, weight: Int4Weight):
         self.shape = weight.shape
+        self.group_size = weight.group_size
         self.codes, self.scales, self.biases = K.int4_block_layout(weight.packed, weight.scale, weight.bias)
-        # Row-major, for prefill's dequantization (sequential reads, 1.7x faster than from the blocks): the
-        # weight's own arrays, shared, not copied; its float16 scales as their bits (kernels.f16_table).
-        self.packed = np.ascontiguousarray(weight.packed)
-        self.scale_rows = np.ascontiguousarray(weight.scale).view(np.int16)
-        self.bias_rows = np.ascontiguousarray(weight.bias, dtype=np.float32)
+
+    def as_weight(self) -> Int4Weight:
+        packed, scale, bias = K.int4_row_major(self.codes, self.scales, self.biases, self.shape[0])
+        return Int4Weight(packed, scale, bias, self.group_size)
 
 
 def _int4_layout(rt, w) -> _Int4Layout:
@@ -157,6 +163,10 @@ def _int4_layout(rt, w) -> _Int4Layout:
             for array in (layout.codes, layout.scales, layout.biases):
                 track(array)
         setattr(w, ATTR, layout)
+        hand_over = getattr(w, "hand_over", None)
+        if hand_over is not None:
+            del weight
+            hand_over(layout.as_weight)
     return layout
 
 
@@ -180,20 +190,34 @@ def _int4_matmul(rt, x, w, out) -> None:
         # x holds an infinity or NaN: the float path below propagates it as the contract asks
     m, k = layout.shape
     rows = max(1, min(m, TILE_BYTES // (4 * k)))
-    tile = rt.scratch("numba_cpu.tile", (rows, k))
+    rows = -(-rows // K.ROWS) * K.ROWS  # whole blocks
+    tile = rt.scratch("numba_cpu.tile_t", (k, rows))
     # Prefill: BLAS runs its own threads; a serial dequantization keeps numba's pool out of its way.
-    dequantize = K.int4_dequantize if PARALLEL_MODE == "always" else K.int4_dequantize_serial
-    if rows == m:
-        dequantize(layout.packed, layout.scale_rows, layout.bias_rows, F16, tile)
-        _matmul(x, tile.T, out)
+    dequantize = K.int4_dequantize_t if PARALLEL_MODE == "always" else K.int4_dequantize_t_serial
+    if rows >= m:
+        wt = tile[:, : layout.codes.shape[0] * K.ROWS]
+        dequantize(layout.codes, layout.scales, layout.biases, 0, wt)
+        _matmul(x, wt[:, :m], out)
         return
     part = rt.scratch("numba_cpu.tile_out", (n, rows))
     for r0 in range(0, m, rows):
         r1 = min(m, r0 + rows)
-        block = tile[: r1 - r0]
-        dequantize(layout.packed[r0:r1], layout.scale_rows[r0:r1], layout.bias_rows[r0:r1], F16, block)
-        _matmul(x, block.T, part[:, : r1 - r0])
+        wt = tile[:, : -(-(r1 - r0) // K.ROWS) * K.ROWS]
+        dequantize(layout.codes, layout.scales, layout.biases, r0 // K.ROWS, wt)
+        _matmul(x, wt[:, : r1 - r0], part[:, : r1 - r0])
         out[:, r0:r1] = part[:, : r1 - r0]
+
+
+def embedding(rt, table, ids, out) -> None:
+    # A tied int4 table (the output matrix too) is held only as the kernels' blocks once the logits have run.
+    layout = table.__dict__.get(ATTR)
+    if layout is None:
+        numpy_ops.embedding(rt, table, ids, out)
+        return
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    if len(ids) and (ids.min() < 0 or ids.max() >= layout.shape[0]):  # the kernel does not check its reads
+        raise InvalidArgumentError(f"embedding ids must lie in [0, {layout.shape[0]}); got {ids.min()}..{ids.max()}")
+    K.int4_rows(layout.codes, layout.scales, layout.biases, ids, out)
 
 
 def int4_gemv(rt, x, w, out) -> None:
@@ -314,8 +338,6 @@ def gelu_mul(rt, gate_up, out) -> None:
 def attention_decode(rt, qkv, cache, layer, slots, positions, rope, spec, out) -> None:
     # float16 caches: the NumPy backend's version.
     if cache.k.dtype != np.float32 or qkv.dtype != np.float32:
-        from perfx_numpy import ops as numpy_ops
-
         numpy_ops.attention_decode(rt, qkv, cache, layer, slots, positions, rope, spec, out)
         return
     args = (qkv, cache.k, cache.v, layer, slots, positions, rope.cos, rope.sin)
@@ -340,6 +362,7 @@ def attention_decode(rt, qkv, cache, layer, slots, positions, rope, spec, out) -
 attention_decode.perfx_features = ("window", "softcap", "scale")
 
 OPS = {
+    "embedding": embedding,
     "int4_gemv": int4_gemv,
     "int4_gemm": int4_gemm,
     "dense_gemm": dense_gemm,

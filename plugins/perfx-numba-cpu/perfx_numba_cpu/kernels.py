@@ -16,8 +16,10 @@ import types
 
 import numpy as np
 from numba import njit, prange
+from numba import types as nbtypes
+from numba.extending import overload
 
-from .vector_dot import int4_pairs_dot, scaled_rows_dot
+from .vector_dot import halves_to_floats, int4_pairs_dot, scaled_accumulate, scaled_rows_dot
 
 FM = {"reassoc", "contract", "arcp", "nsz", "afn"}
 F32 = np.float32
@@ -49,27 +51,67 @@ TILE = 4
 ROW_BY_ROW = 2
 pairs_dot1 = int4_pairs_dot(1, ROWS)
 pairs_dot_tile = int4_pairs_dot(TILE, ROWS)
+accumulate_row = scaled_accumulate(ROWS, 1)
+accumulate_tile = scaled_accumulate(ROWS, TILE)
+widen_rows = halves_to_floats(ROWS)
 
 
 def int4_block_layout(packed, scale, bias):
-    """The GEMV layout of an int4 weight (NumPy, once per weight): rows in blocks of ROWS, transposed.
+    """The one copy of an int4 weight the plugin keeps (NumPy, once per weight): rows in blocks of ROWS, transposed.
 
     ``codes[b, j, t]`` is byte j of row ``b * ROWS + t`` and ``scales[b, g, t]``/``biases[b, g, t]`` its
-    group g (float32), rows padded with zeros to a whole block. The GEMV kernels then walk a byte column
-    of a block with one vector across ROWS rows, so the sum over a group needs no horizontal reduction.
+    group g, rows padded with zeros to a whole block. The GEMV kernels walk a byte column of a block with one
+    vector across ROWS rows, so the sum over a group needs no horizontal reduction. Scales are the weight's
+    float16 bits (as int16, widened by vector conversions); biases too where float16 holds every one of them exactly
+    (GGUF Q4_0 and Q4_1), else float32 (Q4_K's ``-dmin * m``), so the values are the weight's to the bit.
     """
     m, half = packed.shape
-    groups = scale.shape[1]
     blocks = (m + ROWS - 1) // ROWS
-    pad = blocks * ROWS - m
-    if pad:
-        packed = np.concatenate([packed, np.zeros((pad, half), np.uint8)])
-        scale = np.concatenate([scale, np.zeros((pad, groups), scale.dtype)])
-        bias = np.concatenate([bias, np.zeros((pad, groups), bias.dtype)])
-    codes = np.ascontiguousarray(packed.reshape(blocks, ROWS, half).transpose(0, 2, 1))
-    scales = np.ascontiguousarray(scale.astype(np.float32).reshape(blocks, ROWS, groups).transpose(0, 2, 1))
-    biases = np.ascontiguousarray(bias.astype(np.float32).reshape(blocks, ROWS, groups).transpose(0, 2, 1))
-    return codes, scales, biases
+    bias16 = bias.astype(np.float16)
+    exact = bool(np.array_equal(bias16.astype(np.float32), bias, equal_nan=True))
+    bias = bias16.view(np.int16) if exact else bias
+    scale = np.ascontiguousarray(scale).view(np.int16)
+    return tuple(_blocked(a, blocks) for a in (packed, scale, bias))
+
+
+def _blocked(rows, blocks):
+    """(m, c) row-major -> (blocks, c, ROWS), rows padded with zeros."""
+    m, c = rows.shape
+    out = np.zeros((blocks, c, ROWS), rows.dtype)
+    for b in range(blocks):
+        part = rows[b * ROWS : (b + 1) * ROWS]
+        out[b, :, : part.shape[0]] = part.T
+    return out
+
+
+def int4_row_major(codes, scales, biases, m):
+    """The row-major (packed, scale float16, bias float32) of a weight in int4_block_layout (perfx_core's
+    Int4Weight arrays), for a generic op that asks for them."""
+
+    def unblocked(a):
+        return np.ascontiguousarray(a.transpose(0, 2, 1).reshape(-1, a.shape[1])[:m])
+
+    scale = unblocked(scales).view(np.float16)
+    bias = unblocked(biases)
+    bias = bias.view(np.float16).astype(np.float32) if bias.dtype == np.int16 else bias
+    return unblocked(codes), scale, bias
+
+
+def _group_row(values, g, buffer):
+    """Group g of a block's scales or biases (int4_block_layout) as ROWS float32: float16 bits widened into
+    ``buffer``, float32 as they are (a view)."""
+
+
+@overload(_group_row, inline="always")
+def _group_row_impl(values, g, buffer):
+    if values.dtype == nbtypes.int16:
+
+        def widened(values, g, buffer):
+            widen_rows(values, g * ROWS, buffer)
+            return buffer
+
+        return widened
+    return lambda values, g, buffer: values[g]
 
 
 @njit(fastmath=FM, cache=True, nogil=True)
@@ -109,17 +151,10 @@ def _block_dots(codes_b, scales_b, biases_b, xq, xs, sums, j0, tile, acc, dots):
     for g in range(groups):
         if tile == 1:
             pairs_dot1(codes_b, g * hg, (g + 1) * hg, xq, j0, dots)
+            accumulate_row(scales_b, biases_b, g, xs, sums, j0, dots, acc)
         else:
             pairs_dot_tile(codes_b, g * hg, (g + 1) * hg, xq, j0, dots)
-        sg = scales_b[g]
-        bg = biases_b[g]
-        for jj in range(tile):
-            f = xs[j0 + jj, g]
-            xg = sums[j0 + jj, g]
-            a = acc[jj]
-            d = dots[jj]
-            for t in range(rows):
-                a[t] += sg[t] * f * F32(d[t]) + bg[t] * xg
+            accumulate_tile(scales_b, biases_b, g, xs, sums, j0, dots, acc)
 
 
 @njit(fastmath=FM, cache=True, nogil=True)
@@ -230,24 +265,51 @@ def _nibbles(byte):
 
 
 @njit(parallel=True, fastmath=FM, cache=True, nogil=True)
-def int4_dequantize(packed, scale, bias, f16, dst):
-    """dst (rows, k) float32 = W[:rows], from the row-major packed codes, the float16 scales as their bits (looked
-    up in ``f16``, f16_table) and the float32 biases."""
-    rows = dst.shape[0]
-    half = packed.shape[1]
-    groups = scale.shape[1]
+def int4_dequantize_t(codes, scales, biases, b0, dst):
+    """dst (k, c) float32 = the transpose of rows b0 * ROWS .. b0 * ROWS + c of the weight in int4_block_layout
+    (c a multiple of ROWS), for BLAS: ``x @ dst`` is x times those rows. A block's byte column holds its ROWS rows
+    side by side, so each column of W.T is written ROWS floats at a time."""
+    half = codes.shape[1]
+    groups = scales.shape[1]
     hg = half // groups
-    for r in prange(rows):
-        prow = packed[r]
-        brow = bias[r]
-        drow = dst[r]
+    for b in prange(dst.shape[1] // ROWS):
+        cb = codes[b0 + b]
+        sb = scales[b0 + b]
+        bb = biases[b0 + b]
+        c0 = b * ROWS
+        sbuf = np.empty(ROWS, np.float32)
+        bbuf = np.empty(ROWS, np.float32)
         for g in range(groups):
-            s = _group_scale(scale, r, g, f16)
-            b = brow[g]
+            s = _group_row(sb, g, sbuf)
+            bias = _group_row(bb, g, bbuf)
             for i in range(g * hg, (g + 1) * hg):
-                p, hi = _nibbles(prow[i])
-                drow[2 * i] = (p - F32(16.0) * hi) * s + b
-                drow[2 * i + 1] = hi * s + b
+                lo = dst[2 * i]
+                hi = dst[2 * i + 1]
+                col = cb[i]
+                for t in range(ROWS):
+                    p, h = _nibbles(col[t])
+                    lo[c0 + t] = (p - F32(16.0) * h) * s[t] + bias[t]
+                    hi[c0 + t] = h * s[t] + bias[t]
+
+
+@njit(fastmath=FM, cache=True, nogil=True)
+def int4_rows(codes, scales, biases, ids, out):
+    """out (len(ids), k) float32 = rows ``ids`` of the weight in int4_block_layout (an embedding lookup)."""
+    half = codes.shape[1]
+    groups = scales.shape[1]
+    hg = half // groups
+    sbuf = np.empty(ROWS, np.float32)
+    bbuf = np.empty(ROWS, np.float32)
+    for j in range(len(ids)):
+        b, t = divmod(ids[j], ROWS)
+        orow = out[j]
+        for g in range(groups):
+            s = _group_row(scales[b], g, sbuf)[t]
+            bias = _group_row(biases[b], g, bbuf)[t]
+            for i in range(g * hg, (g + 1) * hg):
+                p, h = _nibbles(codes[b, i, t])
+                orow[2 * i] = (p - F32(16.0) * h) * s + bias
+                orow[2 * i + 1] = h * s + bias
 
 
 # -- int8: codes with a scale per group (perfx_core.weights.Int8Weight, GGUF Q8_0 / Q5_0 / Q6_K) ------------
@@ -679,5 +741,5 @@ int8_dequantize_f32 = _twin(int8_dequantize, "int8_dequantize_f32", parallel=Tru
 int8_dequantize_f32_serial = _twin(int8_dequantize, "int8_dequantize_f32_serial", _group_scale=_own_scale)
 silu_mul_serial = _twin(silu_mul, "silu_mul_serial")
 gelu_mul_serial = _twin(gelu_mul, "gelu_mul_serial")
-int4_dequantize_serial = _twin(int4_dequantize, "int4_dequantize_serial")
+int4_dequantize_t_serial = _twin(int4_dequantize_t, "int4_dequantize_t_serial")
 attention_decode_serial = _twin(attention_decode, "attention_decode_serial")

@@ -168,3 +168,106 @@ def int4_pairs_dot(tile: int, rows: int):
         return sig, codegen
 
     return pairs_dot
+
+
+def halves_to_floats(count: int):
+    """An intrinsic ``(src, start, dst)``: dst[:count] = the float32 values of the float16 bit patterns
+    src.flat[start:start + count] (src int16, C-contiguous; dst float32, 1-D, C-contiguous, at least count long).
+
+    One vector conversion (x86's vcvtph2ps with F16C), exact for every pattern: the int4 kernels keep a weight's
+    float16 scales and biases as they are and widen a block's group once, where a lookup per lane (kernels.f16_table)
+    made a 64-row GEMV twice as slow."""
+
+    @intrinsic
+    def widen(typingctx, src, start, dst):
+        if not all(isinstance(a, types.Array) and a.layout == "C" for a in (src, dst)) or dst.ndim != 1:
+            return None
+        if src.dtype != types.int16 or dst.dtype != types.float32:
+            return None
+        sig = types.void(src, types.intp, dst)
+
+        def codegen(context, builder, signature, args):
+            s_arr = context.make_array(signature.args[0])(context, builder, args[0])
+            d_arr = context.make_array(signature.args[2])(context, builder, args[2])
+            at = builder.gep(s_arr.data, [args[1]])
+            bits = builder.load(builder.bitcast(at, ir.VectorType(ir.IntType(16), count).as_pointer()), align=2)
+            halves = builder.bitcast(bits, ir.VectorType(ir.HalfType(), count))
+            floats = builder.fpext(halves, ir.VectorType(ir.FloatType(), count))
+            builder.store(floats, builder.bitcast(d_arr.data, floats.type.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return widen
+
+
+def scaled_accumulate(rows: int, tile: int):
+    """An intrinsic ``(scales_b, biases_b, g, xs, sums, j0, dots, acc)``: for j < ``tile`` and t < ``rows``,
+    acc[j, t] += scale[g, t] * xs[j0 + j, g] * dots[j, t] + bias[g, t] * sums[j0 + j, g], the int4 kernels' epilogue
+    of a group for ``tile`` rows of x.
+
+    scales_b (groups, rows) int16: float16 bits; biases_b (groups, rows) the same, or float32; xs and sums (n, groups)
+    float32; dots (tile, rows) int32; acc (tile, rows) float32; all C-contiguous. The float16 values are widened in
+    registers (vcvtph2ps with F16C) once for the tile: widening a group into a buffer first made SmolLM2's decode
+    5-10% slower than float32 scales did, in alternating runs on the VM. Every row of x gets the same instructions
+    whatever the tile, in IEEE order, so a row's result does not depend on the batch it is in."""
+
+    @intrinsic
+    def accumulate(typingctx, scales_b, biases_b, g, xs, sums, j0, dots, acc):
+        arrays = (scales_b, biases_b, xs, sums, dots, acc)
+        if not all(isinstance(a, types.Array) and a.ndim == 2 and a.layout == "C" for a in arrays):
+            return None
+        if scales_b.dtype != types.int16 or biases_b.dtype not in (types.int16, types.float32):
+            return None
+        if xs.dtype != types.float32 or sums.dtype != types.float32:
+            return None
+        if dots.dtype != types.int32 or acc.dtype != types.float32:
+            return None
+        sig = types.void(scales_b, biases_b, types.intp, xs, sums, types.intp, dots, acc)
+
+        def codegen(context, builder, signature, args):
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            floats = ir.VectorType(f32, rows)
+            s_arr, b_arr, x_arr, u_arr, d_arr, a_arr = (
+                context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 1, 3, 4, 6, 7)
+            )
+            g, j0 = args[2], args[5]
+            groups = builder.extract_value(x_arr.shape, 1)
+            group_at = builder.mul(g, ir.Constant(g.type, rows))
+
+            def load(data, at, element):
+                pointer = builder.bitcast(builder.gep(data, [at]), ir.VectorType(element, rows).as_pointer())
+                return builder.load(pointer, align=2)
+
+            def values(data, dtype):
+                if dtype == types.int16:
+                    halves = builder.bitcast(load(data, group_at, ir.IntType(16)), ir.VectorType(ir.HalfType(), rows))
+                    return builder.fpext(halves, floats)
+                return load(data, group_at, f32)
+
+            def splat(value):
+                lane0 = builder.insert_element(ir.Constant(floats, ir.Undefined), value, ir.Constant(i32, 0))
+                zeros = ir.Constant(ir.VectorType(i32, rows), [0] * rows)
+                return builder.shuffle_vector(lane0, ir.Constant(floats, ir.Undefined), zeros)
+
+            scale = values(s_arr.data, signature.args[0].dtype)
+            bias = values(b_arr.data, signature.args[1].dtype)
+            fma = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(floats, [floats] * 3), f"llvm.fma.v{rows}f32"
+            )
+            for j in range(tile):
+                row_at = ir.Constant(g.type, j * rows)
+                x_at = builder.add(builder.mul(builder.add(j0, ir.Constant(j0.type, j)), groups), g)
+                f = splat(builder.load(builder.gep(x_arr.data, [x_at])))
+                xg = splat(builder.load(builder.gep(u_arr.data, [x_at])))
+                dots = builder.sitofp(load(d_arr.data, row_at, i32), floats)
+                target = builder.bitcast(builder.gep(a_arr.data, [row_at]), floats.as_pointer())
+                # One explicit fma and no fast-math: LLVM cannot contract or reorder these differently for the row
+                # and the tile forms, so both give a row of x the same result to the bit.
+                step = builder.call(fma, [builder.fmul(scale, f), dots, builder.fmul(bias, xg)])
+                builder.store(builder.fadd(builder.load(target, align=4), step), target, align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return accumulate

@@ -7,6 +7,7 @@ import importlib.metadata
 import numpy as np
 import pytest
 
+from perfx_core.errors import InvalidArgumentError
 from perfx_core.plugins import get_registry
 from perfx_core.testing import assert_backend_conforms, isolated_plugins
 from perfx_core.weights import Int4Weight, Int8Weight, dequantize
@@ -19,6 +20,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 REPLACED = (
+    "embedding",
     "int4_gemv",
     "int4_gemm",
     "dense_gemm",
@@ -68,7 +70,7 @@ def test_discovered_through_entry_point_and_chosen_by_priority(plugin_env):
     # It outranks the NumPy backend (0) and perfx-lowmem-int4 (10) when both are installed.
     by_plugin = {impl.plugin: impl.priority for impl in registry.candidates("numpy", "int4_gemv")}
     assert by_plugin[PLUGIN] > max(p for name, p in by_plugin.items() if name != PLUGIN)
-    assert chosen["embedding"].plugin == "numpy"  # it replaces only what it registers
+    assert chosen["attention_prefill"].plugin == "numpy"  # it replaces only what it registers
 
 
 def test_can_be_disabled(plugin_env):
@@ -99,6 +101,65 @@ def test_int4_gemv_keeps_weights_packed(plugin_env):
     assert w._float32 is None  # the float copy was never built
     values = w.float32().astype(np.float64)
     assert_within(out, x @ values.T, int16_rounding_bound(x, values, 32))
+
+
+@pytest.mark.parametrize("mode", ["never", "always"])
+@pytest.mark.parametrize("bias_kind", ["float16", "float32"])
+def test_int4_weight_is_held_once_as_the_kernels_blocks(plugin_env, monkeypatch, mode, bias_kind):
+    """At its first matmul an int4 weight becomes the kernels' blocks and its row-major arrays are freed: the
+    handle holds the codes, the float16 scales and the biases once (float16 where they are exactly float16, as
+    GGUF Q4_0/Q4_1's; float32 otherwise, as Q4_K's). Every path reads the blocks: the GEMV, prefill's BLAS path
+    (whole and in tiles), the embedding lookup, and a rebuilt Int4Weight for any other op, bit for bit."""
+    import gc
+    import weakref
+
+    import perfx_numba_cpu
+
+    monkeypatch.setattr(perfx_numba_cpu, "PARALLEL_MODE", mode)
+    rng = np.random.default_rng(5)
+    m, k = 200, 128  # not a whole number of 64-row blocks: the last one is padded
+    bias = rng.normal(0.0, 0.1, (m, k // 32))
+    weight = Int4Weight(
+        rng.integers(0, 256, (m, k // 2), dtype=np.uint8),
+        rng.uniform(-0.05, 0.05, (m, k // 32)).astype(np.float16),
+        bias.astype(np.float16).astype(np.float32) if bias_kind == "float16" else bias.astype(np.float32),
+        32,
+    )
+    arrays = [a.copy() for a in (weight.packed, weight.scale, weight.bias)]
+    values = dequantize(weight, np.float64)
+    rt = get_registry(refresh=True).open_runtime("numpy")
+    before = rt.allocated_bytes
+    w = rt.prepare_weight(weight)
+    assert rt.allocated_bytes - before == weight.nbytes
+    gone = weakref.ref(weight)
+    del weight
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    out = np.empty((1, m), dtype=np.float32)
+    rt.ops.linear(x, w, out)
+    assert_within(out, x @ values.T, int16_rounding_bound(x, values, 32))
+    gc.collect()
+    assert gone() is None and w._weight is None  # the row-major arrays are freed
+    blocks = 256  # rows, padded
+    bias_bytes = 2 if bias_kind == "float16" else 4
+    held = blocks * (k // 2 + (k // 32) * (2 + bias_bytes))
+    assert rt.weight_bytes(w) == held
+    assert rt.allocated_bytes - before == held
+    for got, want in zip((w.weight.packed, w.weight.scale, w.weight.bias), arrays, strict=True):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+    ids = np.array([0, 199, 64, 63, 5, 199], dtype=np.int64)
+    rows = np.empty((len(ids), k), dtype=np.float32)
+    rt.ops.embedding(w, ids, rows)
+    np.testing.assert_array_equal(rows, values[ids].astype(np.float32))
+    for bad in ([200], [-1]):  # past the last row (inside the padded block) and negative
+        with pytest.raises(InvalidArgumentError, match="embedding ids"):
+            rt.ops.embedding(w, np.array(bad, dtype=np.int64), rows[:1])
+    x = rng.standard_normal((40, k)).astype(np.float32)  # past SMALL_N: dequantized blocks for BLAS
+    for tile_bytes in (perfx_numba_cpu.TILE_BYTES, 64 * k * 4):  # whole, and one block of rows at a time
+        monkeypatch.setattr(perfx_numba_cpu, "TILE_BYTES", tile_bytes)
+        out = np.full((40, m), np.nan, dtype=np.float32)
+        rt.ops.linear(x, w, out)
+        np.testing.assert_allclose(out, x @ values.T, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("mode", ["never", "always"])
