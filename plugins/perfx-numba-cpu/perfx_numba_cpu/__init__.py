@@ -2,12 +2,12 @@
 
 - ``int4_gemv`` / ``int4_gemm`` with n <= SMALL_N (decode, batched decode, short prompts): a kernel on the
   packed nibbles and the per-group scale and bias (never a float copy), ``s * xs * (x_g . q_g) + b * sum(x_g)``
-  per group with x rounded to int16 per group and the dot in integers (vector_dot.int4_pairs_dot), on a copy of
-  the codes laid out in blocks of 64 rows (kernels.int4_block_layout), widening each byte column once for
+  per group with x rounded to int16 per group and the dot in integers (vector_dot.int4_pairs_dot), on the
+  codes laid out in blocks of 64 rows (kernels.int4_block_layout), widening each byte column once for
   kernels.TILE rows of x; parallel over row blocks while the machine is otherwise idle, single-threaded when
   other processes load it (see _Machine). An x with an infinity or NaN takes the float path below.
-- ``int4_gemm`` with larger n (prefill chunks): W dequantized into a reused float32 scratch buffer (in tiles
-  only for huge matrices), then one BLAS call.
+- ``int4_gemm`` with larger n (prefill chunks): the blocks dequantized into W.T in a reused float32 scratch
+  buffer (in tiles only for huge matrices), then one BLAS call.
 - ``int8_gemm`` (int8 codes, a scale per group: GGUF Q8_0 and Q5_0 in float16, e.g. SmolLM2's tied
   embedding/output, Q6_K in float32) with n <= INT8_MAX_N: a kernel on the weight's own arrays (no copy),
   4x less memory traffic than a float32 sgemv. With groups of 16 or 32 columns (every GGUF type) x is rounded
@@ -19,9 +19,10 @@
   composites ``linear``, ``qkv_proj``, ``logits`` (direct dispatch), ``gate_up_silu`` and
   ``linear_add_rmsnorm`` (one kernel each for n <= SMALL_N on int4 weights).
 
-Per-weight layouts of int4 weights (the blocked codes, float32 scales) are built once, at a weight's first use,
-and kept on the weight handle as the attribute ``_numba_cpu``; nothing is re-laid-out per token. Int8 weights
-need none.
+The layout of an int4 weight (the blocked codes, its float16 scales and its biases) is built once, at the weight's
+first use, and kept on the weight handle as the attribute ``_numba_cpu``; it replaces the weight's row-major arrays
+(NumpyWeight.hand_over), so the weight is held once, and an int4 embedding table's rows are read from it. Nothing
+is re-laid-out per token. Int8 weights need none.
 """
 
 from __future__ import annotations

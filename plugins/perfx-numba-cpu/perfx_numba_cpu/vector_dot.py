@@ -174,9 +174,9 @@ def halves_to_floats(count: int):
     """An intrinsic ``(src, start, dst)``: dst[:count] = the float32 values of the float16 bit patterns
     src.flat[start:start + count] (src int16, C-contiguous; dst float32, 1-D, C-contiguous, at least count long).
 
-    One vector conversion (x86's vcvtph2ps with F16C), exact for every pattern: the int4 kernels keep a weight's
-    float16 scales and biases as they are and widen a block's group once, where a lookup per lane (kernels.f16_table)
-    made a 64-row GEMV twice as slow."""
+    One vector conversion (x86's vcvtph2ps with F16C), exact for every pattern: prefill's dequantization and the
+    embedding lookup widen a block's group of float16 scales or biases with it (the GEMV does the same in registers,
+    scaled_accumulate); a lookup per lane in kernels.f16_table made a 64-row GEMV twice as slow."""
 
     @intrinsic
     def widen(typingctx, src, start, dst):
