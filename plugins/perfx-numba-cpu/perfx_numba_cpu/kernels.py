@@ -255,13 +255,15 @@ def int4_gate_up_silu(codes, scales, biases, x, out):
 
 
 @njit(fastmath=FM, cache=True, nogil=True)
-def _nibbles(byte):
-    """(byte, its high nibble) as float32; the low nibble is ``byte - 16 * high``, all exact.
+def _byte_values(byte, s, bias):
+    """The two weights a code byte holds, ``q * s + bias`` for its low nibble then its high one.
 
-    In float because numba widens integer ``&`` and ``>>`` to int64 (8 lanes per AVX-512 vector, not 16).
+    The nibbles are taken in float (the low one is ``byte - 16 * high``, exact) because numba widens integer ``&``
+    and ``>>`` to int64 (8 lanes per AVX-512 vector, not 16).
     """
     p = F32(byte)
-    return p, np.floor(p * F32(0.0625))
+    h = np.floor(p * F32(0.0625))
+    return (p - F32(16.0) * h) * s + bias, h * s + bias
 
 
 @njit(parallel=True, fastmath=FM, cache=True, nogil=True)
@@ -287,9 +289,7 @@ def int4_dequantize_t(codes, scales, biases, b0, dst):
                 hi = dst[2 * i + 1]
                 col = cb[i]
                 for t in range(ROWS):
-                    p, h = _nibbles(col[t])
-                    lo[c0 + t] = (p - F32(16.0) * h) * s[t] + bias[t]
-                    hi[c0 + t] = h * s[t] + bias[t]
+                    lo[c0 + t], hi[c0 + t] = _byte_values(col[t], s[t], bias[t])
 
 
 @njit(fastmath=FM, cache=True, nogil=True)
@@ -307,9 +307,7 @@ def int4_rows(codes, scales, biases, ids, out):
             s = _group_row(scales[b], g, sbuf)[t]
             bias = _group_row(biases[b], g, bbuf)[t]
             for i in range(g * hg, (g + 1) * hg):
-                p, h = _nibbles(codes[b, i, t])
-                orow[2 * i] = (p - F32(16.0) * h) * s + bias
-                orow[2 * i + 1] = h * s + bias
+                orow[2 * i], orow[2 * i + 1] = _byte_values(codes[b, i, t], s, bias)
 
 
 # -- int8: codes with a scale per group (perfx_core.weights.Int8Weight, GGUF Q8_0 / Q5_0 / Q6_K) ------------
