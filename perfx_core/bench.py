@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from . import progress
+from . import progress, row_parts
 from .errors import InvalidArgumentError
 from .measure import peak_host_bytes
 
@@ -69,7 +69,7 @@ def weight_bytes(engine) -> dict[str, dict[str, float]] | None:
         kinds["output"] = [engine.output]
     report = {}
     for kind, handles in kinds.items():
-        sizes = [engine.rt.weight_bytes(h) for h in handles]
+        sizes = [row_parts.weight_bytes(engine.rt, h) for h in handles]
         if any(s is None for s in sizes):
             return None
         weights = sum(h.shape[0] * h.shape[1] for h in handles)

@@ -743,6 +743,11 @@ def _cases(op: str) -> list[tuple[str, float, Body]]:
         ]
     if op == "add_bias":
         return [_elementwise_case(op, n, m) for n, m in ((1, 96), (5, 129), (17, 1280))]
+    if op == "write_columns":
+        return [
+            _write_columns_case(n, m, width, start)
+            for n, m, width, start in ((1, 64, 96, 32), (7, 33, 129, 0), (17, 256, 768, 512), (5, 1, 3, 1))
+        ]
     if op == "scale":
         return [_elementwise_case(op, n, m) for n, m in ((1, 640), (7, 129))]
     if op == "softcap":
@@ -842,6 +847,21 @@ def _elementwise_case(op: str, n: int, m: int) -> tuple[str, float, Body]:
             t.compare("out", reference.softcap(x, 30.0), NORM_LIMIT)
 
     return f"n={n} m={m}", EXACT_LIMIT if op != "softcap" else NORM_LIMIT, body
+
+
+def _write_columns_case(n: int, m: int, width: int, start: int) -> tuple[str, float, Body]:
+    """Columns start..start+m-1 of every row of out take x's; out's other columns keep their values."""
+
+    def body(t: _Trial, rng: np.random.Generator) -> None:
+        x = _activations(rng, (n, m), decades=1.0)
+        before = _activations(rng, (n, width), decades=1.0)
+        out = t.scratch_input("out", before)
+        t.rt.ops.write_columns(t.input("x", x), start, out)
+        expected = before.copy()
+        expected[:, start : start + m] = x
+        t.compare("out", expected, EXACT_LIMIT)
+
+    return f"n={n} m={m} into {width} columns at {start}", EXACT_LIMIT, body
 
 
 def _gelu_case(n: int, f: int) -> tuple[str, float, Body]:

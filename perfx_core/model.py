@@ -14,13 +14,14 @@ from typing import Any
 
 import numpy as np
 
+from . import row_parts
 from .backend import AttentionSpec, KVCacheSpec, RopeTable, Runtime
 from .config import LlamaConfig, LlamaWeights
 from .errors import BackendError, ContextLengthError, InvalidArgumentError
 from .ops import PROMPT_KEYS, prompt_indices
 from .rope import rope_cos_sin
 from .sampling import ENGINE_ROW, engine_draw, engine_params
-from .weights import Weight, concat_rows, for_runtime
+from .weights import RowParts, Weight, concat_rows, for_runtime
 
 
 @dataclass
@@ -140,9 +141,9 @@ class LlamaModel:
     def _upload_weights(self, weights: LlamaWeights) -> None:
         rt = self.rt
 
-        def matrices(*ws: Weight) -> list[Any]:
+        def matrices(*ws: Weight | RowParts) -> list[Any]:
             # A layer's matrices in one call: a runtime may place them together (OpenCL: fewer, larger buffers).
-            return rt.prepare_weights([for_runtime(w, rt.block_formats, rt.weight_formats) for w in ws])
+            return row_parts.prepare(rt, [for_runtime(w, rt.block_formats, rt.weight_formats) for w in ws])
 
         tied = weights.output is weights.token_embedding
         if tied:
@@ -221,7 +222,9 @@ class LlamaModel:
             self._qkv(h, layer, self.layer_specs[i], qkv)
             attend(qkv, i, attn)
             self._residual_add(attn, layer.wo, layer.post_attn_norm, x, layer.ffn_norm, h)
-            if c.activation == "gelu_tanh":
+            if isinstance(layer.w_gate_up, row_parts.PreparedRowParts):
+                row_parts.gate_up(self.rt, h, layer.w_gate_up, ffn, gelu=c.activation == "gelu_tanh")
+            elif c.activation == "gelu_tanh":
                 ops.gate_up_gelu(h, layer.w_gate_up, ffn)
             else:
                 ops.gate_up_silu(h, layer.w_gate_up, ffn)
@@ -234,18 +237,24 @@ class LlamaModel:
         """The q, k, v rows of the normed input ``h``, with the family's bias and q/k norm."""
         ops = self.rt.ops
         if layer.b_qkv is None and layer.q_norm is None:  # Llama: one op
-            ops.qkv_proj(h, layer.w_qkv, qkv)
+            self._qkv_proj(h, layer.w_qkv, qkv)
             return
         n = h.shape[0]
         steps = [s for s in ("bias", "norm") if (layer.b_qkv if s == "bias" else layer.q_norm) is not None]
         # Each step writes the other buffer (an op's output never overlaps its input); the last writes qkv.
         buffers = [self._rows("qkv_in", 0, n), qkv] if len(steps) % 2 else [qkv, self._rows("qkv_in", 0, n)]
-        ops.qkv_proj(h, layer.w_qkv, buffers[0])
+        self._qkv_proj(h, layer.w_qkv, buffers[0])
         for step, src, dst in zip(steps, buffers, (buffers[1], buffers[0]), strict=False):
             if step == "bias":
                 ops.add_bias(src, layer.b_qkv, dst)
             else:
                 ops.head_rmsnorm(src, layer.q_norm, layer.k_norm, self.config.norm_eps, spec, dst)
+
+    def _qkv_proj(self, h: Any, w_qkv: Any, out: Any) -> None:
+        if isinstance(w_qkv, row_parts.PreparedRowParts):
+            row_parts.linear(self.rt, h, w_qkv, out)
+        else:
+            self.rt.ops.qkv_proj(h, w_qkv, out)
 
     def _residual_add(self, x: Any, w: Any, post_norm: Any, residual: Any, next_norm: Any, h: Any) -> None:
         """residual += x @ w.T (normed by ``post_norm`` first, where the family has one); h = the normed residual."""

@@ -42,6 +42,8 @@ Composite ops (generic versions below work on every backend; a backend may fuse 
                                                        rows 0..n-1 as attention_decode, rows n.. as attention_prefill
   argmax(logits (n, vocab), out (n,) int32)            out[i] = first index of the largest logit of row i
   sample(logits (n, vocab), rows (n, 6) host int32, out (n,) int32)   out[i] = sampling.engine_draw(logits[i], rows[i])
+  write_columns(x (n, m), start, out (n, M))           out[:, start:start + m] = x, the rest of out untouched
+                                                       (a matmul by row parts of different formats: row_parts.py)
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ COMPOSITE_OPS = (
     "attention_mixed",
     "argmax",
     "sample",
+    "write_columns",
 )
 FAMILY_OPS = (
     "add_bias",
@@ -176,6 +179,13 @@ def generic_sample(rt, logits, rows, out) -> None:
     rt.write(out, np.array([engine_draw(host[i], rows[i]) for i in range(host.shape[0])], dtype=np.int32))
 
 
+def generic_write_columns(rt, x, start, out) -> None:
+    """out[:, start:start + m] = x through the host (a device backend overrides this)."""
+    host = rt.to_numpy(out)
+    host[:, start : start + x.shape[1]] = rt.to_numpy(x)
+    rt.write(out, host)
+
+
 def _through_host(rt, out, fn, *arrays) -> None:
     """out = fn(*host copies of arrays), written back: the portable, slow way (a device round trip per call)."""
     rt.write(out, np.asarray(fn(*(rt.to_numpy(a) for a in arrays)), dtype=np.float32))
@@ -239,6 +249,7 @@ GENERIC_OPS: dict[str, Callable[..., None]] = {
     "attention_mixed": generic_attention_mixed,
     "argmax": generic_argmax,
     "sample": generic_sample,
+    "write_columns": generic_write_columns,
 }
 
 

@@ -19,6 +19,7 @@ Packing: byte ``packed[r, j]`` holds column ``2j`` in its low nibble and column 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -136,9 +137,32 @@ class BlockWeight:
 Weight = Int4Weight | Int8Weight | DenseWeight | BlockWeight
 
 
-def for_runtime(weight: Weight, block_formats: frozenset[str], weight_formats: frozenset[str] = frozenset()) -> Weight:
-    """``weight`` in a form a runtime can take: one that converts ``block_formats`` itself and has the ops of
-    ``weight_formats`` (``Runtime.weight_formats``: "int8")."""
+@dataclass(frozen=True)
+class RowParts:
+    """Weights stacked along the output rows that keep formats of their own, where one format for all of them
+    would widen some (a Q4_K_M file's QKV: q and k are Q4_K, v is Q6_K in half the layers). The model projects
+    each part into its own columns of the output (perfx_core.row_parts)."""
+
+    parts: tuple[Weight, ...]
+
+    def __post_init__(self) -> None:
+        if len({p.shape[1] for p in self.parts}) != 1:
+            raise InvalidArgumentError(f"row parts must share their columns; got {[p.shape for p in self.parts]}")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return sum(p.shape[0] for p in self.parts), self.parts[0].shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+
+def for_runtime(weight, block_formats: frozenset[str], weight_formats: frozenset[str] = frozenset()):
+    """``weight`` (a Weight or RowParts) in a form a runtime can take: one that converts ``block_formats`` itself
+    and has the ops of ``weight_formats`` (``Runtime.weight_formats``: "int8")."""
+    if isinstance(weight, RowParts):
+        return RowParts(tuple(for_runtime(p, block_formats, weight_formats) for p in weight.parts))
     if isinstance(weight, BlockWeight) and weight.block_format not in block_formats:
         return weight.as_int4()
     if isinstance(weight, Int8Weight) and "int8" not in weight_formats:
@@ -185,8 +209,10 @@ def unpack_int4(packed: np.ndarray) -> np.ndarray:
     return q
 
 
-def dequantize(weight: Weight, dtype: type = np.float32) -> np.ndarray:
+def dequantize(weight: Weight | RowParts, dtype: type = np.float32) -> np.ndarray:
     """Full-precision values of a weight, shape (rows, cols)."""
+    if isinstance(weight, RowParts):
+        return np.concatenate([dequantize(p, dtype) for p in weight.parts])
     if isinstance(weight, BlockWeight):
         weight = weight.as_int4()
     if isinstance(weight, DenseWeight):
@@ -225,17 +251,19 @@ def quantize_rtn(w: np.ndarray, group_size: int = 128) -> Int4Weight:
     return int4_from_scale_zero(q.reshape(rows, cols), scale, zero, group_size)
 
 
-def concat_rows(weights: list[Weight]) -> Weight:
+def concat_rows(weights: list[Weight]) -> Weight | RowParts:
     """Stack weights along the output dimension (used for fused QKV and gate|up).
 
     Int4 weights with one group size stay int4, int8 weights int8; int8 ones mixed with dense ones become
-    dense in their ``dense_dtype``; any other mix becomes float32 (exact, more memory).
+    dense in their ``dense_dtype``. Any other mix (int4 next to int8, int4 groups of two sizes) stays as
+    RowParts, each part in its own format, instead of widening all of them to float32.
     """
     if all(isinstance(w, BlockWeight) for w in weights) and len({(w.block_format, w.cols) for w in weights}) == 1:  # type: ignore[union-attr]
         parts = tuple(p for w in weights for p in w.parts)  # type: ignore[union-attr]
         return BlockWeight(
             parts, weights[0].block_format, weights[0].cols, lambda: concat_rows([w.as_int4() for w in weights])
         )  # type: ignore[union-attr]
+    given = weights
     weights = [w.as_int4() if isinstance(w, BlockWeight) else w for w in weights]
     if all(isinstance(w, Int8Weight) for w in weights):
         # At the smallest group (a scale repeated over its smaller groups is the same weight), float32 scales
@@ -247,13 +275,6 @@ def concat_rows(weights: list[Weight]) -> Weight:
             group,
             "float16" if all(w.dense_dtype == "float16" for w in weights) else "float32",  # type: ignore[union-attr]
         )
-    if any(isinstance(w, DenseWeight) for w in weights):
-        # Next to float32 parts an int8 one widens to float32 too (its values exactly), else to its dense_dtype.
-        wide = any(isinstance(w, DenseWeight) and w.data.dtype == np.float32 for w in weights)
-        weights = [
-            (DenseWeight(int8_rows(w, slice(None))) if wide else as_dense(w)) if isinstance(w, Int8Weight) else w
-            for w in weights
-        ]
     if all(isinstance(w, Int4Weight) for w in weights) and len({w.group_size for w in weights}) == 1:  # type: ignore[union-attr]
         return Int4Weight(
             np.concatenate([w.packed for w in weights]),  # type: ignore[union-attr]
@@ -261,9 +282,29 @@ def concat_rows(weights: list[Weight]) -> Weight:
             np.concatenate([w.bias for w in weights]),  # type: ignore[union-attr]
             weights[0].group_size,  # type: ignore[union-attr]
         )
-    if all(isinstance(w, DenseWeight) and w.data.dtype == weights[0].data.dtype for w in weights):  # type: ignore[union-attr]
-        return DenseWeight(np.concatenate([w.data for w in weights]))  # type: ignore[union-attr]
-    return DenseWeight(np.concatenate([dequantize(w) for w in weights]))
+    if all(isinstance(w, Int8Weight | DenseWeight) for w in weights):
+        # Next to float32 parts an int8 one widens to float32 too (its values exactly), else to its dense_dtype.
+        wide = any(isinstance(w, DenseWeight) and w.data.dtype == np.float32 for w in weights)
+        weights = [
+            (DenseWeight(int8_rows(w, slice(None))) if wide else as_dense(w)) if isinstance(w, Int8Weight) else w
+            for w in weights
+        ]
+        if all(w.data.dtype == weights[0].data.dtype for w in weights):  # type: ignore[union-attr]
+            return DenseWeight(np.concatenate([w.data for w in weights]))  # type: ignore[union-attr]
+    # Neighbours of one format still share a matrix (q|k of a Q4_K_M QKV: one int4 part, then v).
+    runs = [list(run) for _, run in itertools.groupby(given, key=_format_key)]
+    return RowParts(tuple(run[0] if len(run) == 1 else concat_rows(run) for run in runs))  # type: ignore[misc]
+
+
+def _format_key(w: Weight) -> tuple:
+    """Weights with equal keys concatenate into one matrix of their format."""
+    if isinstance(w, BlockWeight):
+        return ("block", w.block_format)
+    if isinstance(w, Int4Weight):
+        return ("int4", w.group_size)
+    if isinstance(w, Int8Weight):
+        return ("int8",)
+    return ("dense", w.data.dtype.str)
 
 
 def take_rows(weight: Weight, order: np.ndarray) -> Weight:

@@ -102,6 +102,10 @@ def add_bias(rt, x, bias, out):
     np.add(x, bias, out=out)
 
 
+def write_columns(rt, x, start, out):
+    out[:, start : start + x.shape[1]] = x
+
+
 def head_rmsnorm(rt, qkv, q_weight, k_weight, eps, spec, out):
     t, hd = qkv.shape[0], spec.head_dim
     q_end, k_end = spec.q_dim, spec.q_dim + spec.kv_dim

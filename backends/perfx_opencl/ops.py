@@ -34,7 +34,7 @@ from .tuning import ADRENO_GEMV_TUNING, FLAGS, GEMV_TUNING  # the GEMV's default
 OPS = (
     PRIMITIVE_OPS
     + FAMILY_OPS
-    + ("gate_up_silu", "linear_add_rmsnorm", "attention_mixed", "argmax", "sample", "int8_gemm")
+    + ("gate_up_silu", "linear_add_rmsnorm", "attention_mixed", "argmax", "sample", "int8_gemm", "write_columns")
 )
 
 SMALL_N = 16  # up to this many tokens an int4 matmul uses the GEMV kernel, which reads W once for all of them
@@ -794,6 +794,11 @@ def gelu_mul(rt, gate_up, out):
 def add_bias(rt, x, bias, out):
     n, m = out.shape
     rt.launch(rt.kernel("elementwise", "add_bias"), (_round_up(m, 64), n), None, x, bias, out, m)
+
+
+def write_columns(rt, x, start, out):
+    n, m = x.shape
+    rt.launch(rt.kernel("elementwise", "write_columns"), (_round_up(m, 64), n), None, x, out, m, out.shape[1], start)
 
 
 def _flat(rt, name: str, x, out, value: float) -> None:

@@ -85,6 +85,14 @@ __kernel void add_bias(__global const float* x, int x_off, __global const float*
     out[out_off + at] = x[x_off + at] + bias[b_off + c];
 }
 
+// out[:, start:start + m] = x (n, m), out's other columns untouched (a matmul by row parts). Global size (m, n).
+__kernel void write_columns(__global const float* x, int x_off, __global float* out, int out_off, int m, int width,
+                            int start) {
+    const int c = get_global_id(0), row = get_global_id(1);
+    if (c >= m) return;
+    out[out_off + (size_t)row * width + start + c] = x[x_off + (size_t)row * m + c];
+}
+
 // out = x * factor over ``count`` elements (Gemma's embedding scale). Global size (count).
 __kernel void scale(__global const float* x, int x_off, __global float* out, int out_off, int count, float factor) {
     const int i = get_global_id(0);
