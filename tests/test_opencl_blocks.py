@@ -1,4 +1,4 @@
-"""GGUF Q4_0/Q4_1 weights reach the OpenCL device as the file's bytes and are re-packed there (load time): the
+"""GGUF Q4_0/Q4_1/Q4_K weights reach the OpenCL device as the file's bytes and are re-packed there (load time): the
 device copy must equal, bit for bit, the one made from the host's conversion. (tests/test_opencl.py runs models
 loaded this way against the NumPy backend: SmolLM2's Q4_1 file, and a Q4_0 one whose biases are derived.)"""
 
@@ -26,10 +26,11 @@ def _device_arrays(rt, handle) -> list[np.ndarray | None]:
     return [None if t is None else rt.to_numpy(t) for t in (handle.packed, handle.scale, handle.bias)]
 
 
-@pytest.mark.parametrize("tensor_type", ["Q4_0", "Q4_1"])
+@pytest.mark.parametrize("tensor_type", ["Q4_0", "Q4_1", "Q4_K"])
 def test_file_blocks_repacked_on_the_device_equal_the_host_conversion(tmp_path, runtime, tensor_type):
-    path = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type=tensor_type, dim=128, ffn_dim=256, seed=5).path
-    assert runtime.block_formats >= {"q4_0", "q4_1"}
+    dim, ffn = (256, 512) if tensor_type == "Q4_K" else (128, 256)  # K-quant rows are whole 256-blocks
+    path = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type=tensor_type, dim=dim, ffn_dim=ffn, seed=5).path
+    assert runtime.block_formats >= {"q4_0", "q4_1", "q4_k"}
     _, kept, _ = load_llama_gguf(path, keep_blocks=runtime.block_formats)
     _, host, _ = load_llama_gguf(path)
     layer_kept, layer_host = kept.layers[1], host.layers[1]

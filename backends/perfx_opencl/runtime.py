@@ -211,7 +211,8 @@ class _Graph:
 # -- the runtime -----------------------------------------------------------------------------------------
 
 
-_BLOCK_BYTES = {"q4_0": 18, "q4_1": 20}  # GGML block sizes of the file formats prepare_weight re-packs itself
+# GGML (bytes, weights) per block of the file formats prepare_weight re-packs itself
+_BLOCKS = {"q4_0": (18, 32), "q4_1": (20, 32), "q4_k": (144, 256)}
 _ELEM_BYTES = {"ushort": 2, "uint": 4, "uint4": 16}  # kernels/layout.cl's ELEMs
 # Weights' shared buffers (prepare_weights): rounded up to the 2 MiB that NVIDIA's driver rounds a buffer over
 # 1 MiB to (measured: 16 buffers of 1 MiB + 4 KiB took 32 MiB, of 2.6875 MiB 64), at most 1 GiB each.
@@ -226,17 +227,17 @@ def _int4_layout(weight: Weight) -> list[tuple[tuple[int, ...], np.dtype]] | Non
         m, k = weight.shape
         flip = lambda a: ((a.shape[1], a.shape[0]), a.dtype)  # noqa: E731  [group][row]
         return [((k // 32, m, 16), np.dtype(np.uint8)), flip(weight.scale), flip(weight.bias)]
-    if isinstance(weight, BlockWeight) and weight.block_format in _BLOCK_BYTES:
+    if isinstance(weight, BlockWeight) and weight.block_format in _BLOCKS:
         m, k = weight.shape
         parts = [((k // 32, m, 16), np.dtype(np.uint8)), ((k // 32, m), np.dtype(np.float16))]
-        return parts + [((k // 32, m), np.dtype(np.float32))] if weight.block_format == "q4_1" else parts
+        return parts if weight.block_format == "q4_0" else parts + [((k // 32, m), np.dtype(np.float32))]
     return None
 
 
 class OpenCLRuntime(Runtime):
     """One opened OpenCL device. ``variant`` is "generic" or "adreno" (kernels built with -DADRENO)."""
 
-    block_formats = frozenset(_BLOCK_BYTES)
+    block_formats = frozenset(_BLOCKS)
     weight_formats = frozenset({"int8"})  # Int8Weight stays int8 on the device (ops.int8_gemm)
 
     def __init__(self, backend_name: str, info: DeviceInfo, device: Any, state: _DeviceState, variant: str):
@@ -487,7 +488,7 @@ class OpenCLRuntime(Runtime):
             )
         if isinstance(weight, DenseWeight):
             return CLDenseWeight(weight.shape, self.from_numpy(weight.data))
-        if isinstance(weight, BlockWeight) and weight.block_format in _BLOCK_BYTES:
+        if isinstance(weight, BlockWeight) and weight.block_format in _BLOCKS:
             return self._from_blocks(weight, parts)
         raise InvalidArgumentError(f"the OpenCL backend cannot prepare a {type(weight).__name__}")
 
@@ -499,10 +500,11 @@ class OpenCLRuntime(Runtime):
         return sum(t.size * t.dtype.itemsize for t in tensors if t is not None)
 
     def _from_blocks(self, weight: BlockWeight, parts: list[CLTensor]) -> CLInt4Weight:
-        """A GGUF Q4_0/Q4_1 weight from the file's own bytes: the parts are copied into one device buffer as they
-        are, and re-packed into the int4 layout there (kernels/q4_blocks.cl), so the host converts nothing."""
+        """A GGUF Q4_0/Q4_1/Q4_K weight from the file's own bytes: the parts are copied into one device buffer as
+        they are, and re-packed into the int4 layout there (kernels/q4_blocks.cl), so the host converts nothing."""
         m, k = weight.shape
-        block_bytes, blocks = _BLOCK_BYTES[weight.block_format], k // 32
+        block_bytes, per_block = _BLOCKS[weight.block_format]
+        blocks = k // per_block
         staged = self.empty((m * blocks * block_bytes,), np.uint8)
         row = 0
         with check(f"uploading a {weight.block_format} weight ({m}x{k})"):
@@ -513,11 +515,14 @@ class OpenCLRuntime(Runtime):
                     self.queue, staged.buffer, np.ascontiguousarray(part), dst_offset=row * blocks * block_bytes
                 )
                 row += part.shape[0]
-        has_min = weight.block_format == "q4_1"
+        has_min = weight.block_format != "q4_0"
         # Q4_0 has no bias part (_int4_layout): it is -8 * scale, int4_bias.cl
         out = CLInt4Weight(weight.shape, 32, parts[0], parts[1], parts[2] if has_min else None)
         if m and blocks:
-            kernel = self.kernel("q4_blocks", "q4_blocks_to_chunks", BLOCK_BYTES=block_bytes, HAS_MIN=int(has_min))
+            if weight.block_format == "q4_k":
+                kernel = self.kernel("q4_blocks", "q4_k_blocks_to_chunks")
+            else:
+                kernel = self.kernel("q4_blocks", "q4_blocks_to_chunks", BLOCK_BYTES=block_bytes, HAS_MIN=int(has_min))
             with check(f"re-packing a {weight.block_format} weight ({m}x{k})"):
                 private = self.cl.Kernel(kernel.program, kernel.function_name)  # holds the staged buffer until run
                 bias = out.scale if out.bias is None else out.bias  # (Q4_0: not written)
@@ -527,9 +532,9 @@ class OpenCLRuntime(Runtime):
                     bias.buffer,
                     np.int32(0 if out.bias is None else bias.offset),
                     np.int32(m),
-                    np.int32(blocks),
+                    np.int32(k // 32),
                 )
-                self.cl.enqueue_nd_range_kernel(self.queue, private, (m, blocks), None)
+                self.cl.enqueue_nd_range_kernel(self.queue, private, (m, k // 32), None)
         return out
 
     def _transposed(self, array: np.ndarray, elem: str, out: CLTensor | None = None) -> CLTensor:
