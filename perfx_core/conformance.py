@@ -782,6 +782,10 @@ def _format_cases(op: str) -> list[tuple[str, tuple[str, float, Body]]]:
             _matmul_case(op, 1, ("int8", 257, 512, 16, "q6_k")),
             _matmul_case(op, 3, ("int8", 65, 256, 16, "q6_k")),
             _matmul_case(op, 17, ("int8", 130, 256, 16, "q6_k")),
+            # past the GEMV's 64 tokens: the tiled GEMM, or the matrix units
+            _matmul_case(op, 80, ("int8", 130, 256, 16, "q6_k")),
+            _matmul_case(op, 100, ("int8", 96, 320, 32, "q8_0")),
+            _matmul_case(op, 65, ("int8", 64, 48, 16, "random")),  # an odd number of 16-column chunks
         ]
     elif op == "embedding":
         cases = [

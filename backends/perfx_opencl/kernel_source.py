@@ -20,6 +20,7 @@ FILE_PRELUDES = {
     "int4_gemm": ("gemm_tile.cl",),
     "int8": ("int8_weight.cl",),
     "int8_gemm": ("int8_weight.cl", "gemm_tile.cl"),
+    "int8_mma": ("mma.cl", "int8_weight.cl"),
 }
 
 

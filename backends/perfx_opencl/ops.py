@@ -649,11 +649,47 @@ def _int8_gemv(rt, x, w, out, n, silu=False, epilogue=(), gelu=False, post_weigh
     )
 
 
+def _int8_mma(rt, x, w, out):
+    """out = x @ W.T for an int8 W on the matrix units (kernels/int8_mma.cl), in the int4 kernel's shape for the
+    same matmul (its KW divides k / 32, so it divides the int8 kernel's k / 16 chunks too)."""
+    n, rows = out.shape
+    k = w.shape[1]
+    plans = rt.__dict__.setdefault("_gemv_plans", {})
+    key = ("int8_mma", n, rows, k, x.offset % 4 != 0, w.scale.dtype == np.float32)
+    plan = plans.get(key)
+    if plan is None:
+        config = {name: _mma_config(rt, n, rows, k, 32)[name] for name in ("MT", "NT8", "KW")}
+        while (k // 16) % config["KW"]:  # each warp takes an equal run of the 16-column chunks
+            config["KW"] //= 2
+        kernel = rt.kernel("int8_mma", "int8_mma", X_UNALIGNED=key[4], **_int8_options(w), **config)
+        global_size = (-(-rows // (16 * config["MT"])) * 32 * config["KW"], -(-n // (8 * config["NT8"])))
+        plan = plans[key] = (kernel, global_size, (32 * config["KW"], 1))
+    kernel, global_size, local_size = plan
+    rt.launch(
+        kernel,
+        global_size,
+        local_size,
+        w.codes.buffer,
+        w.scale.buffer,
+        x,
+        out,
+        n,
+        rows,
+        k,
+        w.group_size.bit_length() - 1,
+    )
+
+
 def int8_gemm(rt, x, w, out):
-    """The int8 GEMV in passes of SMALL_N tokens up to GEMV_PASSES_N, else the tiled GEMM (kernels/int8_gemm.cl)."""
+    """The int8 GEMV in passes of SMALL_N tokens up to GEMV_PASSES_N; beyond, the matrix units where the runtime has
+    them (a 7B Q4_K_M's Q6_K matmuls of a 512-token prefill on the H100: see docs/opencl.md), else the tiled GEMM
+    (kernels/int8_gemm.cl)."""
     n, m = out.shape
     if n <= GEMV_PASSES_N:
         _gemv_passes(rt, x, w, out)
+        return
+    if on_matrix_units(rt, n):
+        _int8_mma(rt, x, w, out)
         return
     tpt = _gemm_tokens_per_thread(rt, n, m)
     rt.launch(
