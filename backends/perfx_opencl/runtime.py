@@ -460,7 +460,7 @@ class OpenCLRuntime(Runtime):
             self._arenas.append([weakref.ref(alloc), used, alloc.nbytes])
         return [
             CLTensor(alloc, offset // np.dtype(dtype).itemsize, shape, np.dtype(dtype))
-            for (alloc, offset), (shape, dtype) in zip(where, parts)
+            for (alloc, offset), (shape, dtype) in zip(where, parts, strict=True)
         ]
 
     def _prepare(self, weight: Weight, parts: list[CLTensor] | None):
