@@ -649,6 +649,9 @@ def _int8_gemv(rt, x, w, out, n, silu=False, epilogue=(), gelu=False, post_weigh
     )
 
 
+INT8_MMA = os.environ.get("PERFX_OPENCL_INT8_MMA", "1") != "0"  # 0: int8 prompts on the tiled GEMM (A/B runs)
+
+
 def _int8_mma(rt, x, w, out):
     """out = x @ W.T for an int8 W on the matrix units (kernels/int8_mma.cl), in the int4 kernel's shape for the
     same matmul (its KW divides k / 32, so it divides the int8 kernel's k / 16 chunks too)."""
@@ -688,7 +691,7 @@ def int8_gemm(rt, x, w, out):
     if n <= GEMV_PASSES_N:
         _gemv_passes(rt, x, w, out)
         return
-    if on_matrix_units(rt, n):
+    if INT8_MMA and on_matrix_units(rt, n):
         _int8_mma(rt, x, w, out)
         return
     tpt = _gemm_tokens_per_thread(rt, n, m)
