@@ -146,8 +146,7 @@ def embedding(rt, table, ids, out):
             kernel,
             (_round_up(d, 64), n),
             None,
-            table.codes.buffer,
-            table.scale.buffer,
+            *_int8_weight_args(table),
             ids_buf,
             out,
             table.shape[0],
@@ -579,6 +578,15 @@ def _int8_options(w) -> dict:
     return {"SCALE_F32": w.scale.dtype == np.float32}
 
 
+def _int8_weight_args(w) -> tuple:
+    """The codes and scales of an int8 weight as its kernels take them (int8_weight.cl)."""
+    return w.codes.buffer, w.scale.buffer
+
+
+def _group_shift(w) -> int:
+    return w.group_size.bit_length() - 1
+
+
 def _int8_gemv_plan(
     rt,
     silu: bool,
@@ -633,20 +641,9 @@ def _int8_gemv(rt, x, w, out, n, silu=False, epilogue=(), gelu=False, post_weigh
     )
     x_arg = (image, x.offset) if image is not None else (x,)
     rt.launch(
-        kernel,
-        global_size,
-        local_size,
-        w.codes.buffer,
-        w.scale.buffer,
-        *x_arg,
-        out,
-        n,
-        rows,
-        k,
-        w.group_size.bit_length() - 1,
-        *epilogue,
-        *_post(post_weight),
-    )
+        kernel, global_size, local_size, *_int8_weight_args(w), *x_arg, out, n, rows, k, _group_shift(w),
+        *epilogue, *_post(post_weight),
+    )  # fmt: skip
 
 
 INT8_MMA = os.environ.get("PERFX_OPENCL_INT8_MMA", "1") != "0"  # 0: int8 prompts on the tiled GEMM (A/B runs)
@@ -668,19 +665,7 @@ def _int8_mma(rt, x, w, out):
         global_size = (-(-rows // (16 * config["MT"])) * 32 * config["KW"], -(-n // (8 * config["NT8"])))
         plan = plans[key] = (kernel, global_size, (32 * config["KW"], 1))
     kernel, global_size, local_size = plan
-    rt.launch(
-        kernel,
-        global_size,
-        local_size,
-        w.codes.buffer,
-        w.scale.buffer,
-        x,
-        out,
-        n,
-        rows,
-        k,
-        w.group_size.bit_length() - 1,
-    )
+    rt.launch(kernel, global_size, local_size, *_int8_weight_args(w), x, out, n, rows, k, _group_shift(w))
 
 
 def int8_gemm(rt, x, w, out):
@@ -699,14 +684,13 @@ def int8_gemm(rt, x, w, out):
         rt.kernel("int8_gemm", "int8_gemm", TPT=tpt, **_int8_options(w)),
         (_round_up(m, GEMM_ROWS) // 8, _round_up(n, 16 * tpt) // tpt),
         (16, 16),
-        w.codes.buffer,
-        w.scale.buffer,
+        *_int8_weight_args(w),
         x,
         out,
         n,
         m,
         w.shape[1],
-        w.group_size.bit_length() - 1,
+        _group_shift(w),
     )
 
 
