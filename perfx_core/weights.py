@@ -14,6 +14,8 @@ them on its device):
   runtimes that list "int8" in ``Runtime.weight_formats`` get it; ``for_runtime`` widens it for the others.
 - ``DenseWeight``: float32 or float16 values (GGUF F32/F16/BF16 land here without loss).
 
+A fused matrix (QKV, gate|up) whose parts no one format holds exactly is a ``RowParts`` of them (concat_rows).
+
 Packing: byte ``packed[r, j]`` holds column ``2j`` in its low nibble and column ``2j + 1`` in its high nibble.
 """
 
@@ -158,7 +160,9 @@ class RowParts:
         return sum(p.nbytes for p in self.parts)
 
 
-def for_runtime(weight, block_formats: frozenset[str], weight_formats: frozenset[str] = frozenset()):
+def for_runtime(
+    weight: Weight | RowParts, block_formats: frozenset[str], weight_formats: frozenset[str] = frozenset()
+) -> Weight | RowParts:
     """``weight`` (a Weight or RowParts) in a form a runtime can take: one that converts ``block_formats`` itself
     and has the ops of ``weight_formats`` (``Runtime.weight_formats``: "int8")."""
     if isinstance(weight, RowParts):
