@@ -655,13 +655,15 @@ def _int8_mma(rt, x, w, out):
     n, rows = out.shape
     k = w.shape[1]
     plans = rt.__dict__.setdefault("_gemv_plans", {})
-    key = ("int8_mma", n, rows, k, x.offset % 4 != 0, w.scale.dtype == np.float32)
+    unaligned = x.offset % 4 != 0
+    key = ("int8_mma", n, rows, k, unaligned, w.scale.dtype == np.float32)
     plan = plans.get(key)
     if plan is None:
-        config = {name: _mma_config(rt, n, rows, k, 32)[name] for name in ("MT", "NT8", "KW")}
+        shape = _mma_config(rt, n, rows, k, 32)
+        config = {name: shape[name] for name in ("MT", "NT8", "KW")}
         while (k // 16) % config["KW"]:  # each warp takes an equal run of the 16-column chunks
             config["KW"] //= 2
-        kernel = rt.kernel("int8_mma", "int8_mma", X_UNALIGNED=key[4], **_int8_options(w), **config)
+        kernel = rt.kernel("int8_mma", "int8_mma", X_UNALIGNED=unaligned, **_int8_options(w), **config)
         global_size = (-(-rows // (16 * config["MT"])) * 32 * config["KW"], -(-n // (8 * config["NT8"])))
         plan = plans[key] = (kernel, global_size, (32 * config["KW"], 1))
     kernel, global_size, local_size = plan
