@@ -22,7 +22,7 @@ from . import reference
 from .backend import AttentionSpec, KVCacheSpec, RopeTable
 from .errors import InvalidArgumentError
 from .ops import FORMAT_OPS, OP_NAMES
-from .weights import DenseWeight, Int4Weight, Int8Weight, Weight, concat_rows, quantize_rtn
+from .weights import DenseWeight, Int4Weight, Int5Weight, Int8Weight, Weight, concat_rows, pack_int5, quantize_rtn
 
 MATMUL_LIMIT = 5e-4  # matmuls, int4 embedding, attention: float32 sums over many terms
 NORM_LIMIT = 1e-6  # rmsnorm, add_rmsnorm, silu_mul: elementwise work with at most one reduction
@@ -155,6 +155,8 @@ class _Trial:
     def weight(self, weight: Weight) -> Any:
         if isinstance(weight, Int4Weight):
             arrays = [weight.packed, weight.scale, weight.bias]
+        elif isinstance(weight, Int5Weight):
+            arrays = [weight.low, weight.high, weight.scale, weight.bias]
         else:
             arrays = [weight.codes, weight.scale] if isinstance(weight, Int8Weight) else [weight.data]
         self._host.append(("weight", arrays, [a.tobytes() for a in arrays]))
@@ -267,21 +269,37 @@ def _int8(rng: np.random.Generator, m: int, k: int, group: int, how: str) -> Int
     return Int8Weight(codes.reshape(m, k), scale, group)
 
 
+def _int5(rng: np.random.Generator, m: int, k: int, group: int, how: str) -> Int5Weight:
+    """An int5 weight the way GGUF makes one: Q5_0 ("q5_0": scale max |w| / 16, bias -16 scale) or Q5_1 ("q5_1":
+    (max - min) / 31 and the minimum), or random codes, scales of either sign and biases ("random")."""
+    if how == "random":
+        codes = rng.integers(0, 32, (m, k), dtype=np.uint8)
+        scale = rng.uniform(-0.05, 0.05, (m, k // group)).astype(np.float16)
+        return Int5Weight(*pack_int5(codes), scale, rng.normal(0.0, 0.1, (m, k // group)).astype(np.float16))
+    groups = (rng.standard_normal((m, k)) * 0.05).reshape(m, k // group, group)
+    if how == "q5_0":
+        scale = (np.abs(groups).max(axis=2) / 16).astype(np.float16)
+        bias = (scale.astype(np.float32) * -16).astype(np.float16)
+    else:
+        scale = ((groups.max(axis=2) - groups.min(axis=2)) / 31).astype(np.float16)
+        bias = groups.min(axis=2).astype(np.float16)
+    safe = np.where(scale > 0, scale.astype(np.float64), 1.0)[:, :, None]
+    codes = np.clip(np.round((groups - bias.astype(np.float64)[:, :, None]) / safe), 0, 31).astype(np.uint8)
+    return Int5Weight(*pack_int5(codes.reshape(m, k)), scale, bias)
+
+
 def _dense(rng: np.random.Generator, m: int, k: int, dtype: str) -> DenseWeight:
     return DenseWeight((rng.standard_normal((m, k)) * 0.05).astype(dtype))
 
 
 def _make_weight(rng: np.random.Generator, desc: tuple) -> Weight:
-    """("int4" | "int8", m, k, group, how) or ("dense", m, k, "float32"|"float16")."""
-    if desc[0] == "int4":
-        return _int4(rng, *desc[1:])
-    if desc[0] == "int8":
-        return _int8(rng, *desc[1:])
-    return _dense(rng, *desc[1:])
+    """("int4" | "int8" | "int5", m, k, group, how) or ("dense", m, k, "float32"|"float16")."""
+    makers = {"int4": _int4, "int8": _int8, "int5": _int5}
+    return makers.get(desc[0], _dense)(rng, *desc[1:])
 
 
 def _describe(desc: tuple) -> str:
-    if desc[0] in ("int4", "int8"):
+    if desc[0] in ("int4", "int8", "int5"):
         kind, m, k, group, how = desc
         return f"{kind} g{group} {how} ({m}x{k})"
     _, m, k, dtype = desc
@@ -325,6 +343,8 @@ def _qkv_case(n: int, kind: str) -> tuple[str, float, Body]:
         "int4": lambda rng, rows, part: _int4(rng, rows, 128, 64, "rtn"),
         # q Q5_0, k Q8_0, v Q6_K (group 16, float32 scales): concat_rows joins them at group 16
         "int8": lambda rng, rows, part: _int8(rng, rows, 128, *((32, "q5_0"), (32, "q8_0"), (16, "q6_k"))[part]),
+        # q|k Q5_0, v Q5_1: one int5 matrix
+        "int5": lambda rng, rows, part: _int5(rng, rows, 128, 32, "q5_1" if part == 2 else "q5_0"),
         "dense": lambda rng, rows, part: _dense(rng, rows, 128, "float32"),
     }[kind]
 
@@ -464,7 +484,7 @@ def _sample_edge_case() -> tuple[str, float, Body]:
 
 
 def _embedding_case(n: int, desc: tuple) -> tuple[str, float, Body]:
-    limit = MATMUL_LIMIT if desc[0] == "int4" else EXACT_LIMIT  # an int8 row is exact in float32
+    limit = EXACT_LIMIT if desc[0] in ("int8", "dense") else MATMUL_LIMIT  # an int8 row is exact in float32
 
     def body(t: _Trial, rng: np.random.Generator) -> None:
         table = _make_weight(rng, desc)
@@ -809,7 +829,41 @@ def _format_cases(op: str) -> list[tuple[str, tuple[str, float, Body]]]:
             _linear_norm_case(1, ("int8", 576, 128, 32, "q8_0"), 1e-5, post),
             _linear_norm_case(12, ("int8", 129, 96, 32, "random"), 1e-6, post),
         ]
-    return [("int8", case) for case in cases]
+    return [("int8", case) for case in cases] + [("int5", case) for case in _int5_cases(op)]
+
+
+def _int5_cases(op: str) -> list[tuple[str, float, Body]]:
+    """_format_cases of the int5 format."""
+    if op == "int5_gemm":
+        return [
+            _matmul_case(op, n, ("int5", m, k, 32, how))
+            for n, m, k, how in (
+                (1, 1, 64, "q5_0"),
+                (1, 129, 128, "random"),
+                (1, 4097, 640, "q5_0"),  # in blocks of rows
+                (2, 3, 96, "q5_1"),
+                (3, 130, 256, "random"),  # one tile of the integer kernels, padded
+                (8, 129, 640, "q5_0"),
+                (17, 65, 320, "q5_1"),
+                (33, 96, 128, "q5_0"),  # past the integer kernels' rows: dequantized for BLAS
+                (64, 1536, 96, "random"),
+            )
+        ]
+    if op == "embedding":
+        return [_embedding_case(1, ("int5", 1001, 96, 32, "q5_0")), _embedding_case(17, ("int5", 300, 640, 32, "q5_1"))]
+    if op in ("linear", "logits"):
+        m = 4097 if op == "logits" else 129
+        return [_matmul_case(op, 1, ("int5", m, 128, 32, "q5_1")), _matmul_case(op, 5, ("int5", m, 96, 32, "random"))]
+    if op == "qkv_proj":
+        return [_qkv_case(1, "int5"), _qkv_case(7, "int5")]
+    if op == "gate_up_silu":
+        return [_matmul_case(op, n, ("int5", 2 * f, 128, 32, "q5_0")) for n, f in ((1, 128), (9, 65))]
+    if op == "gate_up_gelu":
+        return [_gate_up_gelu_case(n, ("int5", 2 * f, 64, 32, "q5_0")) for n, f in ((1, 128), (9, 65))]
+    if op in ("linear_add_rmsnorm", "linear_post_norm_add_rmsnorm"):
+        post = op == "linear_post_norm_add_rmsnorm"
+        return [_linear_norm_case(1, ("int5", 576, 128, 32, "q5_0"), 1e-5, post)]
+    return []
 
 
 def _feature_cases(op: str) -> list[tuple[frozenset[str], tuple[str, float, Body]]]:

@@ -17,6 +17,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
+from .weights import pack_int5
+
 _CHUNK_ELEMENTS = 1 << 18  # per chunk; a worker holds a few bytes of temporaries per element
 QK_K = 256  # values per K-quant super-block
 
@@ -106,6 +108,57 @@ def q6_k_decode(blocks: np.ndarray) -> tuple[np.ndarray, ...]:
     sub = b[:, :, 192:208].view(np.int8).astype(np.float32)
     d = np.ascontiguousarray(b[:, :, 208:210]).view(np.float16).astype(np.float32)
     return codes.reshape(rows, nb * 256), (d * sub).reshape(rows, nb * 16)
+
+
+# -- 5-bit types: Int5Weight's (low nibbles, fifth bits, float16 scale, float16 bias) per group of 32 ----------
+
+
+def q5_0_int5(blocks: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Q5_0 blocks (d float16, 32 fifth bits, 16 bytes of low nibbles) -> (low, high, d, -16 d): the block's own
+    nibbles and bits (Int5Weight keeps GGML's order), code ``q`` with ``bias = -16 d`` exactly (an infinity where
+    16 d overflows float16; the loader then takes the int8 form)."""
+    rows = blocks.shape[0]
+    b = blocks.reshape(rows, -1, 22)
+    d = np.ascontiguousarray(b[:, :, :2]).view(np.float16)[:, :, 0]
+    high = np.ascontiguousarray(b[:, :, 2:6]).view("<u4")[:, :, 0]
+    with np.errstate(over="ignore"):
+        bias = (d.astype(np.float32) * np.float32(-16.0)).astype(np.float16)
+    return b[:, :, 6:].reshape(rows, -1), high, d, bias
+
+
+def q5_1_int5(blocks: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Q5_1 blocks (d, m float16, 32 fifth bits, 16 bytes of low nibbles) -> (low, high, d, m), bit for bit."""
+    rows = blocks.shape[0]
+    b = blocks.reshape(rows, -1, 24)
+    dm = np.ascontiguousarray(b[:, :, :4]).view(np.float16)
+    high = np.ascontiguousarray(b[:, :, 4:8]).view("<u4")[:, :, 0]
+    return b[:, :, 8:].reshape(rows, -1), high, dm[:, :, 0], dm[:, :, 1]
+
+
+def q5_k_int5(blocks: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Q5_K super-blocks of 256 (d, dmin float16, 12 bytes of 6-bit sub-scales and mins, 32 bytes of fifth bits,
+    128 of low nibbles) -> groups of 32 with scale ``d * sc`` and bias ``-dmin * m``, both rounded to float16.
+
+    Chunk c of 64 elements: byte i of its 32 nibble bytes holds element 64c + i (low) and 64c + 32 + i (high);
+    their fifth bits are bits 2c and 2c + 1 of fifth-bit byte i."""
+    n = blocks.shape[0]
+    b = blocks.reshape(n, -1, 176)
+    nb = b.shape[1]
+    d = np.ascontiguousarray(b[:, :, 0:2]).view(np.float16)[:, :, 0].astype(np.float32)
+    dmin = np.ascontiguousarray(b[:, :, 2:4]).view(np.float16)[:, :, 0].astype(np.float32)
+    sc, m = _q4_k_scales(b[:, :, 4:16])
+    with np.errstate(over="ignore"):
+        scale = (d[:, :, None] * sc).astype(np.float16).reshape(n, -1)
+        bias = (-(dmin[:, :, None] * m)).astype(np.float16).reshape(n, -1)
+    qs = b[:, :, 48:].reshape(n, nb, 4, 1, 32)
+    nibbles = (qs >> _NIBBLE_SHIFTS) & 0x0F  # (n, nb, chunk, half, 32): sub-block 2c + half
+    fifth = (b[:, :, None, 16:48] >> np.arange(8, dtype=np.uint8).reshape(8, 1)) & 1  # (n, nb, sub-block, 32)
+    codes = nibbles.reshape(n, nb * 8, 32) | (fifth.reshape(n, nb * 8, 32) << 4)
+    low, high = pack_int5(codes.reshape(n, nb * QK_K))
+    return low, high, scale, bias
+
+
+_NIBBLE_SHIFTS = np.array([0, 4], np.uint8).reshape(2, 1)
 
 
 # -- float types ------------------------------------------------------------------------------------------

@@ -1,10 +1,10 @@
 """Load a Llama-family GGUF (llama.cpp's layout) into perfx's LlamaConfig and LlamaWeights.
 
 Tensor types map onto perfx's formats without extra loss where one exists: F32/F16 stay dense, BF16 widens
-exactly to float32, Q8_0 and Q5_0 become int8 group-32 weights bit for bit (codes and float16 scales as stored),
-Q6_K int8 group-16 weights exactly (its codes, and d times each sub-scale in float32), Q4_0/Q4_1 int4 group-32
-weights bit for bit and Q4_K int4 group 32 with its codes as stored. Other types (Q5_1, Q5_K, Q2_K, Q3_K, IQ
-types) widen to float16, with a warning. llama.cpp's converter
+exactly to float32, Q8_0 becomes an int8 group-32 weight bit for bit (codes and float16 scales as stored),
+Q6_K int8 group-16 exactly (its codes, and d times each sub-scale in float32), Q5_0/Q5_1 int5 bit for bit and
+Q5_K int5 with its codes as stored, Q4_0/Q4_1 int4 group-32 weights bit for bit and Q4_K int4 group 32 with its
+codes as stored. Other types (Q2_K, Q3_K, IQ types) widen to float16, with a warning. llama.cpp's converter
 reorders the rows of attn_q/attn_k for its interleaved RoPE; perfx uses rotate-half RoPE, so that reordering is
 undone here, while converting (gguf_blocks.py does the block decoding).
 """
@@ -28,9 +28,20 @@ from .architectures.base import OPTIONAL_TENSORS, expected_shapes, optional_tens
 from .config import ConfigCheck, LayerWeights, LlamaConfig, LlamaWeights, RopeScaling, config_from_values, show
 from .errors import ModelFormatError
 from .formats.safetensors_io import bf16_to_f32
-from .gguf_blocks import convert_rows, dequantize_f16, q4_decoder, q4_k_decode, q5_0_decode, q6_k_decode, q8_0_decode
+from .gguf_blocks import (
+    convert_rows,
+    dequantize_f16,
+    q4_decoder,
+    q4_k_decode,
+    q5_0_decode,
+    q5_0_int5,
+    q5_1_int5,
+    q5_k_int5,
+    q6_k_decode,
+    q8_0_decode,
+)
 from .gguf_file import GGUFFile, TensorInfo, read_gguf
-from .weights import BlockWeight, DenseWeight, Int4Weight, Int8Weight, Weight, take_rows
+from .weights import BlockWeight, DenseWeight, Int4Weight, Int5Weight, Int8Weight, Weight, take_rows
 
 _IGNORED_TENSORS = re.compile(  # read separately or unused
     r"rope_freqs\.weight|rope_factors_(?:long|short)\.weight|blk\.\d+\.attn_rot_embd"
@@ -484,6 +495,14 @@ class TensorLoader:
                 blocks = raw if order is None else np.take(raw, order, axis=0)
                 return BlockWeight((blocks,), t.name.lower(), cols, as_int4)
             return as_int4()
+        if t in _INT5_DECODERS:
+            groups = cols // 32
+            out5 = (np.empty((rows, cols // 2), np.uint8), np.empty((rows, groups), "<u4"))
+            out5 += (np.empty((rows, groups), np.float16), np.empty((rows, groups), np.float16))
+            weight = Int5Weight(*convert_rows(raw, cols, out5, _INT5_DECODERS[t], order))
+            if np.isfinite(weight.scale).all() and np.isfinite(weight.bias).all():
+                return weight
+            del weight  # a scale or bias past float16's range: Q5_0 as int8, the others widened below
         if t in _INT8_DECODERS:
             decode, group, scale_dtype, dense_dtype = _INT8_DECODERS[t]
             out = (np.empty(shape, np.int8), np.empty((rows, cols // group), scale_dtype))
@@ -503,7 +522,7 @@ class TensorLoader:
         except NotImplementedError:  # types gguf cannot dequantize (integer tensors, F64, new types)
             raise ModelFormatError(
                 f"{self.gf.path}: tensor {info.name!r} has type {info.ggml_type.name}, which perfx cannot "
-                "convert; use a GGUF quantized to Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0, F16 or BF16"
+                "convert; use a GGUF quantized to Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, F16 or BF16"
             ) from None
         self.widened[info.ggml_type] += 1
         return DenseWeight(data)
@@ -524,6 +543,11 @@ _INT4_DECODERS = {
     GGMLQuantizationType.Q4_0: q4_decoder(GGMLQuantizationType.Q4_0),
     GGMLQuantizationType.Q4_1: q4_decoder(GGMLQuantizationType.Q4_1),
     GGMLQuantizationType.Q4_K: q4_k_decode,
+}
+_INT5_DECODERS = {
+    GGMLQuantizationType.Q5_0: q5_0_int5,
+    GGMLQuantizationType.Q5_1: q5_1_int5,
+    GGMLQuantizationType.Q5_K: q5_k_int5,
 }
 # type -> (decoder, group, scale dtype, Int8Weight.dense_dtype: what a runtime without int8 gets; Q8_0 exact in
 # float32, Q5_0 and Q6_K in float16, rounded, at 2 bytes per weight)

@@ -25,9 +25,10 @@ MAX_DEPTH = 6  # below a search root: hub/models--org--name/snapshots/REV/sub/fi
 MAX_FILES = 2000  # per root; a models folder with more is not walked further
 SPLIT_FILE = re.compile(r"-\d{5}-of-\d{5}\.gguf$")  # llama.cpp's split files: perfx reads single files only
 
-# GGUF tensor types perfx runs in their stored form (int4 or int8 kernels, or floats). Other types gguf can dequantize
-# are widened to float16 on load (gguf_loader): they run, at 2 bytes per weight.
-NATIVE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q5_0", "Q6_K", "Q4_0", "Q4_1", "Q4_K")
+# GGUF tensor types perfx runs in their stored form (int4, int5 or int8 kernels, or floats; a runtime without int5
+# kernels gets Q5_1 and Q5_K in float16, weights.for_runtime). Other types gguf can dequantize are widened to
+# float16 on load (gguf_loader): they run, at 2 bytes per weight.
+NATIVE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q4_K")
 
 
 @dataclass(frozen=True)

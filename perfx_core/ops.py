@@ -21,6 +21,7 @@ Primitive ops (a backend must implement these):
 Ops of an optional weight format (a runtime that lists the format in ``Runtime.weight_formats`` implements them,
 and its ``embedding`` takes tables in that format too; weights.for_runtime widens the format for other runtimes):
   int8_gemm(x (n, k), w int8 (m, k), out (n, m))          out = x @ w.T, w = codes * scale per group
+  int5_gemm(x (n, k), w int5 (m, k), out (n, m))          out = x @ w.T, w = codes * scale + bias per group of 32
 
 Ops of the families beyond Llama (generic versions below go through the host, so they work on every backend;
 a backend implements them to keep the work on its device):
@@ -87,7 +88,7 @@ FAMILY_OPS = (
     "linear_post_norm_add_rmsnorm",
 )
 # weight format (Runtime.weight_formats) -> the ops a runtime taking it must have
-FORMAT_OPS: dict[str, tuple[str, ...]] = {"int8": ("int8_gemm",)}
+FORMAT_OPS: dict[str, tuple[str, ...]] = {"int8": ("int8_gemm",), "int5": ("int5_gemm",)}
 OP_NAMES = PRIMITIVE_OPS + COMPOSITE_OPS + FAMILY_OPS + tuple(op for ops in FORMAT_OPS.values() for op in ops)
 ATTENTION_FEATURES = ("window", "softcap", "scale")
 
@@ -95,7 +96,7 @@ GENERIC_PRIORITY = -100  # generic composites lose to anything a backend or plug
 
 
 def weight_kind(w: Any) -> str:
-    """'int4', 'int8' or 'dense': every prepared weight handle carries a ``kind`` attribute."""
+    """'int4', 'int8', 'int5' or 'dense': every prepared weight handle carries a ``kind`` attribute."""
     return w.kind
 
 
@@ -109,6 +110,8 @@ def generic_linear(rt, x, w, out) -> None:
             rt.ops.int4_gemm(x, w, out)
     elif kind == "int8":
         rt.ops.int8_gemm(x, w, out)
+    elif kind == "int5":
+        rt.ops.int5_gemm(x, w, out)
     else:
         rt.ops.dense_gemm(x, w, out)
 

@@ -43,7 +43,7 @@ def places(tmp_path, monkeypatch):
     studio = home / ".lmstudio" / "models" / "lmstudio-community" / "mamba-GGUF"
     studio.mkdir(parents=True)
     write_tiny_llama_gguf(studio / "mamba.gguf", overrides={"general.architecture": "mamba"})
-    _widened_copy(write_tiny_llama_gguf(tmp_path / "f32.gguf").path, studio / "tiny-q5_1.gguf")
+    _widened_copy(write_tiny_llama_gguf(tmp_path / "f32.gguf").path, studio / "tiny-iq4_nl.gguf")
 
     (tmp_path / "llama.cpp").mkdir()
     shutil.copy(VOCAB, tmp_path / "llama.cpp" / "vocab.gguf")
@@ -80,7 +80,7 @@ def test_models_lists_what_is_at_hand_with_what_runs(places, smollm2_path, capsy
     assert (
         tiny["size_bytes"] == (places / "hf" / "hub" / "models--someone--tiny-GGUF" / "blobs" / "1a2b3c").stat().st_size
     )
-    assert rows["tiny-q5_1"]["runs"] == "yes (Q5_1 widened to float16)"
+    assert rows["tiny-iq4_nl"]["runs"] == "yes (IQ4_NL widened to float16)"
     assert rows["mamba"]["source"] == "lm-studio" and rows["mamba"]["architecture"] == "mamba"
     assert rows["mamba"]["runs"] == "no: architecture 'mamba' is not one perfx runs"
     assert rows["vocab"]["runs"].startswith("no: vocabulary only") and rows["vocab"]["source"] == "llama.cpp"
@@ -121,8 +121,10 @@ def test_an_unknown_name_says_where_to_look():
 
 
 def _widened_copy(src: Path, dst: Path) -> None:
-    """``src`` with its matrices stored as Q5_1, a type perfx widens to float16 (as llama.cpp's quantize would)."""
+    """``src`` with its matrices stored as IQ4_NL (random valid blocks: gguf cannot quantize it), a type perfx
+    widens to float16."""
     reader = gguf.GGUFReader(src)
+    rng = np.random.default_rng(0)
     writer = gguf.GGUFWriter(os.fspath(dst), reader.fields["general.architecture"].contents())
     for name, field in reader.fields.items():
         if name.startswith("GGUF.") or name == "general.architecture":
@@ -132,8 +134,10 @@ def _widened_copy(src: Path, dst: Path) -> None:
     for tensor in reader.tensors:
         data = np.array(tensor.data)
         if data.ndim == 2:
-            q5 = GGMLQuantizationType.Q5_1
-            writer.add_tensor(tensor.name, gguf.quants.quantize(data, q5), raw_dtype=q5)
+            iq4 = GGMLQuantizationType.IQ4_NL
+            blocks = rng.integers(0, 256, (data.shape[0], data.shape[1] // 32, 18), dtype=np.uint8)
+            blocks[:, :, :2] = np.frombuffer(np.float16(1e-3).tobytes(), np.uint8)  # d of each block of 32
+            writer.add_tensor(tensor.name, blocks.reshape(data.shape[0], -1), raw_dtype=iq4)
         else:
             writer.add_tensor(tensor.name, data)
     writer.write_header_to_file()

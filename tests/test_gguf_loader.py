@@ -24,9 +24,18 @@ from perfx_core.gguf_loader import (
     load_llama_gguf,
     read_llama_config,
 )
-from perfx_core.weights import DenseWeight, Int4Weight, Int8Weight, concat_rows, dequantize, for_runtime
+from perfx_core.weights import (
+    DenseWeight,
+    Int4Weight,
+    Int5Weight,
+    Int8Weight,
+    concat_rows,
+    dequantize,
+    for_runtime,
+    int5_codes,
+)
 
-LOSSLESS = ("F32", "F16", "BF16", "Q8_0", "Q5_0", "Q4_0", "Q4_1")
+LOSSLESS = ("F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1")
 LAYER_TENSORS = {
     "attn_norm": "attn_norm",
     "attn_q": "wq",
@@ -97,8 +106,10 @@ def test_lossless_types_load_exactly(tmp_path: Path, tensor_type: str, tied: boo
     w = weights.layers[0].wq
     if tensor_type in ("Q4_0", "Q4_1"):
         assert isinstance(w, Int4Weight) and w.group_size == 32
-    elif tensor_type in ("Q8_0", "Q5_0"):
+    elif tensor_type == "Q8_0":
         assert isinstance(w, Int8Weight) and w.group_size == 32
+    elif tensor_type in ("Q5_0", "Q5_1"):
+        assert isinstance(w, Int5Weight)
     else:
         assert isinstance(w, DenseWeight)
         assert w.data.dtype == (np.float16 if tensor_type == "F16" else np.float32)
@@ -129,36 +140,62 @@ def _stored_blocks(gf, name: str, block_bytes: int, order: np.ndarray | None) ->
     return raw.reshape(raw.shape[0], -1, block_bytes)
 
 
-@pytest.mark.parametrize("tensor_type, block_bytes", [("Q8_0", 34), ("Q5_0", 22)])
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "separate"])
-def test_int8_types_load_as_the_files_codes_and_scales(tmp_path: Path, tensor_type: str, block_bytes: int, tied: bool):
-    """Q8_0 and Q5_0 tensors written by the gguf library load as Int8Weight whose float16 scales are the blocks'
-    own two bytes and whose codes are Q8_0's bytes (Q5_0: its 5-bit codes, so that codes * scale is the file's
-    value); no float32 or float16 copy of the matrix is made."""
-    model = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type=tensor_type, tied=tied, seed=5)
+def test_q8_0_loads_as_the_files_codes_and_scales(tmp_path: Path, tied: bool):
+    """Q8_0 tensors written by the gguf library load as Int8Weight whose float16 scales and int8 codes are the
+    blocks' own bytes; no float32 or float16 copy of the matrix is made."""
+    model = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type="Q8_0", tied=tied, seed=5)
     config, weights, gf = load_llama_gguf(model.path)
-    orders = {".attn_q.": config.n_heads, ".attn_k.": config.n_kv_heads}
     for name, w in loaded_tensors(weights).items():
         if isinstance(w, np.ndarray):
             continue  # the norm vectors
         assert isinstance(w, Int8Weight) and w.group_size == 32 and w.codes.dtype == np.int8, name
-        heads = next((h for part, h in orders.items() if part in name), 0)
-        order = np.argsort(permute_hf_to_gguf(np.arange(w.shape[0]), heads)) if heads else None
-        blocks = _stored_blocks(gf, name, block_bytes, order)
+        blocks = _stored_blocks(gf, name, 34, _loaded_order(config, name, w.shape[0]))
         np.testing.assert_array_equal(w.scale.view(np.uint8).reshape(blocks.shape[:2] + (2,)), blocks[:, :, :2])
-        if tensor_type == "Q8_0":
-            np.testing.assert_array_equal(w.codes.view(np.uint8).reshape(blocks.shape[:2] + (32,)), blocks[:, :, 2:])
-        else:
-            assert -16 <= w.codes.min() and w.codes.max() <= 15
+        np.testing.assert_array_equal(w.codes.view(np.uint8).reshape(blocks.shape[:2] + (32,)), blocks[:, :, 2:])
         np.testing.assert_array_equal(dequantize(w), model.expected[name], err_msg=name)
-        assert w.nbytes == gf.tensors[name].nbytes * 34 // block_bytes  # Q8_0: the file's own bytes
+        assert w.nbytes == gf.tensors[name].nbytes  # the file's own bytes
     assert (weights.output is weights.token_embedding) is tied
 
 
-@pytest.mark.parametrize("tensor_type, dtype", [("Q8_0", np.float32), ("Q5_0", np.float16)])
-def test_int8_weights_reach_other_runtimes_widened(tmp_path: Path, tensor_type: str, dtype: type):
-    """A runtime without int8 ops (OpenCL) gets what GGUF loaders always gave it: Q8_0 as exact float32, Q5_0 as
-    float16 (the file's values rounded once), also for fused q|k|v weights of both types."""
+def _loaded_order(config, name: str, rows: int) -> np.ndarray | None:
+    """The file row of each loaded row (q and k rows are un-permuted on load), or None where they are the same."""
+    heads = config.n_heads if ".attn_q." in name else config.n_kv_heads if ".attn_k." in name else 0
+    return np.argsort(permute_hf_to_gguf(np.arange(rows), heads)) if heads else None
+
+
+@pytest.mark.parametrize("tensor_type, block_bytes", [("Q5_0", 22), ("Q5_1", 24)])
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "separate"])
+def test_q5_types_load_as_the_files_nibbles_and_bits(tmp_path: Path, tensor_type: str, block_bytes: int, tied: bool):
+    """Q5_0 and Q5_1 tensors load as Int5Weight holding each block's own bytes: its 16 nibble bytes, its 32
+    fifth bits, d as the scale and m (Q5_1) or -16 d (Q5_0) as the bias, within a float16 per block of the file's
+    size, and equal to the file's values."""
+    model = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type=tensor_type, tied=tied, seed=5)
+    config, weights, gf = load_llama_gguf(model.path)
+    for name, w in loaded_tensors(weights).items():
+        if isinstance(w, np.ndarray):
+            continue
+        assert isinstance(w, Int5Weight), name
+        blocks = _stored_blocks(gf, name, block_bytes, _loaded_order(config, name, w.shape[0]))
+        lead = block_bytes - 20  # d (and m) before the fifth bits and the nibbles
+        np.testing.assert_array_equal(w.low.reshape(blocks.shape[:2] + (16,)), blocks[:, :, lead + 4 :])
+        np.testing.assert_array_equal(
+            w.high.view(np.uint8).reshape(blocks.shape[:2] + (4,)), blocks[:, :, lead : lead + 4]
+        )
+        np.testing.assert_array_equal(w.scale.view(np.uint8).reshape(blocks.shape[:2] + (2,)), blocks[:, :, :2])
+        if tensor_type == "Q5_1":
+            np.testing.assert_array_equal(w.bias.view(np.uint8).reshape(blocks.shape[:2] + (2,)), blocks[:, :, 2:4])
+        else:
+            np.testing.assert_array_equal(w.bias, (w.scale.astype(np.float32) * -16).astype(np.float16))
+        np.testing.assert_array_equal(dequantize(w), model.expected[name], err_msg=name)
+        assert w.nbytes == gf.tensors[name].nbytes * 24 // block_bytes  # Q5_1: the file's own size
+    assert (weights.output is weights.token_embedding) is tied
+
+
+@pytest.mark.parametrize("tensor_type, taken, dtype", [("Q8_0", "int8", np.float32), ("Q5_0", "int5", np.float16)])
+def test_quantized_weights_reach_other_runtimes_widened(tmp_path: Path, tensor_type: str, taken: str, dtype: type):
+    """A runtime without int8 or int5 ops (OpenCL) gets what GGUF loaders always gave it: Q8_0 as exact float32,
+    Q5_0 as float16 (the file's values rounded once), also for fused q|k|v weights of both types."""
     model = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type=tensor_type, seed=2)
     _, weights, gf = load_llama_gguf(model.path)
     dense = for_runtime(weights.token_embedding, frozenset(), frozenset())
@@ -166,20 +203,62 @@ def test_int8_weights_reach_other_runtimes_widened(tmp_path: Path, tensor_type: 
     raw = np.asarray(gf.tensor_data("token_embd.weight"))
     ref = gguf.quants.dequantize(raw, gf.tensors["token_embd.weight"].ggml_type).reshape(dense.shape)
     np.testing.assert_array_equal(dense.data, ref.astype(dtype))
-    assert for_runtime(weights.token_embedding, frozenset(), frozenset({"int8"})) is weights.token_embedding
+    assert for_runtime(weights.token_embedding, frozenset(), frozenset({taken})) is weights.token_embedding
     layer = weights.layers[0]
     fused = for_runtime(concat_rows([layer.wq, layer.wk, layer.wv]), frozenset(), frozenset())
     assert isinstance(fused, DenseWeight) and fused.data.dtype == dtype
-    mixed = concat_rows([layer.wq, DenseWeight(dense.data[:3])])  # int8 next to dense: dense in the int8's dtype
-    assert isinstance(mixed, DenseWeight) and mixed.data.dtype == dtype
+    as_int8 = for_runtime(concat_rows([layer.wq, layer.wk, layer.wv]), frozenset(), frozenset({"int8"}))
+    assert isinstance(as_int8, Int8Weight)  # Q5_0 where int5 is not taken: its codes - 16, exactly
+    np.testing.assert_array_equal(
+        dequantize(as_int8), np.concatenate([dequantize(w) for w in (layer.wq, layer.wk, layer.wv)])
+    )
 
 
-def test_q4_k_loads_as_int4_with_its_own_codes(tmp_path: Path):
-    """Q4_K is int4 with a scale and a minimum per 32 values: it loads as such, without a warning, and differs
-    from the file's values only by the float16 rounding of each group's scale."""
-    import warnings
+def test_q5_1_reaches_an_int8_runtime_as_float16(tmp_path: Path):
+    """Q5_1's biases are not -16 times its scales, so int8 cannot hold it: float16 (the file's values rounded once)."""
+    model = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type="Q5_1", seed=4)
+    _, weights, _ = load_llama_gguf(model.path)
+    wide = for_runtime(weights.layers[0].wq, frozenset(), frozenset({"int8"}))
+    assert isinstance(wide, DenseWeight) and wide.data.dtype == np.float16
+    np.testing.assert_array_equal(wide.data, dequantize(weights.layers[0].wq).astype(np.float16))
 
-    model = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type="Q4_K", tied=False, **sizes_for("Q4_K"))
+
+def test_row_parts_fuse_again_where_int5_becomes_int8(tmp_path: Path):
+    """Gemma 3's Q4_K_M mix: a Q5_0 q|k next to a Q8_0 v stays two parts (int5, int8) where int5 is taken, and is
+    one int8 matrix again on a runtime that takes int8 only (one matmul, not two)."""
+    model = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type="Q5_0", seed=4)
+    _, weights, _ = load_llama_gguf(model.path)
+    layer = weights.layers[0]
+    rows, cols = layer.wv.shape
+    v8 = Int8Weight(np.ones((rows, cols), np.int8), np.full((rows, cols // 32), 0.5, np.float16))
+    parts = concat_rows([layer.wq, layer.wk, v8])
+    assert [type(p) for p in parts.parts] == [Int5Weight, Int8Weight]
+    assert for_runtime(parts, frozenset(), frozenset({"int8", "int5"})) == parts
+    fused = for_runtime(parts, frozenset(), frozenset({"int8"}))
+    assert isinstance(fused, Int8Weight)
+    np.testing.assert_array_equal(dequantize(fused), dequantize(parts))
+
+
+def test_q5_k_keeps_its_codes(tmp_path: Path):
+    """Q5_K's codes as stored: element 64c + 32h + i of a super-block is nibble h of byte 32c + i plus 16 times
+    bit 2c + h of fifth-bit byte i; within 10% of the file's bytes."""
+    model = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type="Q5_K", tied=False, **sizes_for("Q5_K"))
+    _, weights, gf = load_llama_gguf(model.path)
+    blocks = _stored_blocks(gf, "blk.0.ffn_up.weight", 176, None)
+    qs, qh = blocks[:, :, 48:].reshape(*blocks.shape[:2], 4, 1, 32), blocks[:, :, None, 16:48]
+    want = ((qs >> np.array([0, 4], np.uint8).reshape(2, 1)) & 15).reshape(*blocks.shape[:2], 8, 32)
+    want |= ((qh >> np.arange(8, dtype=np.uint8).reshape(8, 1)) & 1) << 4
+    w = loaded_tensors(weights)["blk.0.ffn_up.weight"]
+    np.testing.assert_array_equal(int5_codes(w.low, w.high), want.reshape(w.shape))
+    assert w.nbytes <= gf.tensors["blk.0.ffn_up.weight"].nbytes * 1.1
+
+
+@pytest.mark.parametrize("tensor_type, kind", [("Q4_K", Int4Weight), ("Q5_K", Int5Weight)])
+def test_k_quants_load_with_their_own_codes(tmp_path: Path, tensor_type: str, kind: type):
+    """Q4_K and Q5_K are 4- and 5-bit codes with a scale and a minimum per 32 values: they load as Int4Weight and
+    Int5Weight, without a warning, and differ from the file's values (gguf's dequantization, rows un-permuted) only
+    by the float16 rounding of each group's scale (and Q5_K's minimum)."""
+    model = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type=tensor_type, tied=False, **sizes_for(tensor_type))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         config, weights, _ = load_llama_gguf(model.path)
@@ -190,7 +269,7 @@ def test_q4_k_loads_as_int4_with_its_own_codes(tmp_path: Path):
         if want.ndim == 1:
             np.testing.assert_array_equal(w, want)
             continue
-        assert isinstance(w, Int4Weight) and w.group_size == 32, name
+        assert isinstance(w, kind) and w.group_size == 32, name
         nmse = float(((dequantize(w) - want) ** 2).mean() / (want**2).mean())
         assert nmse < 1e-6, (name, nmse)
 
@@ -360,4 +439,4 @@ def test_smollm2_tokenizer_metadata(smollm2_loaded):
 
 
 def test_all_tensor_types_covered():
-    assert set(LOSSLESS) | {"Q4_K", "Q6_K"} == set(TENSOR_TYPES)
+    assert set(LOSSLESS) | {"Q4_K", "Q5_K", "Q6_K"} == set(TENSOR_TYPES)

@@ -18,7 +18,7 @@ pytest.importorskip("pyopencl", reason="pyopencl is not installed (pip install '
 import perfx_core  # noqa: E402
 from perfx_core import conformance  # noqa: E402
 from perfx_core.gguf_loader import load_llama_gguf  # noqa: E402
-from perfx_core.weights import Int8Weight, concat_rows  # noqa: E402
+from perfx_core.weights import Int8Weight, concat_rows, for_runtime  # noqa: E402
 
 pytestmark = opencl_usable
 
@@ -144,8 +144,9 @@ def gemma_path() -> Path:
 @pytest.mark.slow
 def test_gemma3_270m_q4_k_m_keeps_its_int8_weights_and_matches_numpy(registry, gemma_path):
     """Gemma 3 270M Q4_K_M: its Q8_0/Q5_0/Q6_K matrices (all but wo and some down projections) stay int8 on the
-    device at the host's bytes (the tied 262144 x 640 table: 178 MB, not 671 MB of float32); an 80-token prompt's
-    logits (the tiled GEMMs) and greedy decoding (the GEMVs) are the NumPy backend's."""
+    device at the host's bytes (the tied 262144 x 640 table: 178 MB, not 671 MB of float32; the Q5_0 ones, int5 on
+    the host, as int8, q|k and v fused into one matrix again); an 80-token prompt's logits (the tiled GEMMs) and
+    greedy decoding (the GEMVs) are the NumPy backend's."""
     from golden_text import GOLDEN_TEXT
 
     _, weights, _ = load_llama_gguf(gemma_path)
@@ -163,6 +164,7 @@ def test_gemma3_270m_q4_k_m_keeps_its_int8_weights_and_matches_numpy(registry, g
                 (layer.wo, host.wo),
             ):
                 kinds[handle.kind] += 1
+                weight = for_runtime(weight, rt.block_formats, rt.weight_formats)  # int5 -> int8, row parts fused
                 if handle.kind == "int8":
                     assert rt.weight_bytes(handle) == _host_bytes(weight)
                     assert (handle.scale.dtype == np.float32) == (weight.scale.dtype == np.float32)

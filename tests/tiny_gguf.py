@@ -22,7 +22,7 @@ from gguf import GGMLQuantizationType, GGUFValueType
 
 from perfx_core.tokenizer_bpe import bytes_to_unicode  # the table a GPT-2 vocabulary is written in
 
-TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q5_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K")
+TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # unk, bos, eos (as in SmolLM2)
 # A few byte-level BPE merges; each part exists before its merge, so the vocabulary is self-consistent.
 MERGES = (
@@ -238,7 +238,7 @@ def _store(w: np.ndarray, tensor_type: str, rng: np.random.Generator) -> tuple[n
     if tensor_type in RANDOM_BLOCK_TYPES:
         raw = RANDOM_BLOCK_TYPES[tensor_type](w.shape[0], w.shape[1], rng)
     else:
-        raw = gguf.quants.quantize(w, qtype)  # BF16, Q8_0, Q5_0, Q4_0, Q4_1: the same code llama.cpp's converter uses
+        raw = gguf.quants.quantize(w, qtype)  # BF16, Q8_0, Q5_0/1, Q4_0/1: the same code llama.cpp's converter uses
     return raw, qtype, gguf.quants.dequantize(raw, qtype)
 
 
@@ -252,6 +252,16 @@ def _random_q4_k_blocks(rows: int, cols: int, rng: np.random.Generator) -> np.nd
     return np.concatenate([d, dmin, scales, qs], axis=1).reshape(rows, cols // 256 * 144)
 
 
+def _random_q5_k_blocks(rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """Valid Q5_K rows: per 256-block fp16 d and dmin, 12 bytes of 6-bit scales/mins, 32 bytes of fifth bits,
+    128 bytes of low nibbles."""
+    n_blocks = rows * cols // 256
+    d = (rng.uniform(0.5, 1.5, (n_blocks, 1)) * 1e-3).astype(np.float16).view(np.uint8)
+    dmin = (rng.uniform(0.5, 1.5, (n_blocks, 1)) * 4e-3).astype(np.float16).view(np.uint8)
+    bits = rng.integers(0, 256, (n_blocks, 12 + 32 + 128), dtype=np.uint8)
+    return np.concatenate([d, dmin, bits], axis=1).reshape(rows, cols // 256 * 176)
+
+
 def _random_q6_k_blocks(rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
     """Valid Q6_K rows: per 256-block 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 sub-scales, fp16 d."""
     n_blocks = rows * cols // 256
@@ -261,7 +271,7 @@ def _random_q6_k_blocks(rows: int, cols: int, rng: np.random.Generator) -> np.nd
 
 
 # K-quant types gguf cannot quantize: random valid blocks instead of the matrix (what they decode to is "intended")
-RANDOM_BLOCK_TYPES = {"Q4_K": _random_q4_k_blocks, "Q6_K": _random_q6_k_blocks}
+RANDOM_BLOCK_TYPES = {"Q4_K": _random_q4_k_blocks, "Q5_K": _random_q5_k_blocks, "Q6_K": _random_q6_k_blocks}
 
 
 def sizes_for(tensor_type: str) -> dict[str, int]:

@@ -1,5 +1,5 @@
 """NumPy runtime: tensors are NumPy arrays; int4 weights are kept packed and dequantized lazily on first use, int8
-weights stay int8 (their matmul dequantizes a block of rows at a time)."""
+and int5 weights stay as they are (their matmul dequantizes a block of rows at a time)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import psutil
 
 from perfx_core.backend import Backend, DeviceInfo, KVCacheSpec, Runtime
 from perfx_core.errors import BackendError
-from perfx_core.weights import DenseWeight, Int4Weight, Int8Weight, Weight, dequantize
+from perfx_core.weights import DenseWeight, Int4Weight, Int5Weight, Int8Weight, Weight, dequantize
 
 
 @dataclass(eq=False)
@@ -36,7 +36,8 @@ class NumpyWeight:
     def __post_init__(self) -> None:
         weight = self._weight
         self.shape: tuple[int, int] = weight.shape
-        self.kind = "int4" if isinstance(weight, Int4Weight) else "int8" if isinstance(weight, Int8Weight) else "dense"
+        kinds = ((Int4Weight, "int4"), (Int8Weight, "int8"), (Int5Weight, "int5"))
+        self.kind = next((kind for cls, kind in kinds if isinstance(weight, cls)), "dense")
 
     @property
     def weight(self) -> Weight:
@@ -66,7 +67,7 @@ class NumpyKVCache:
 
 class NumpyRuntime(Runtime):
     backend_name = "numpy"
-    weight_formats = frozenset({"int8"})
+    weight_formats = frozenset({"int8", "int5"})
 
     def __init__(self, device: DeviceInfo):
         self.device = device
@@ -122,6 +123,8 @@ class NumpyRuntime(Runtime):
             arrays = (weight.data,)
         elif isinstance(weight, Int8Weight):
             arrays = (weight.codes, weight.scale)
+        elif isinstance(weight, Int5Weight):
+            arrays = (weight.low, weight.high, weight.scale, weight.bias)
         else:
             arrays = (weight.packed, weight.scale, weight.bias)
         for array in arrays:

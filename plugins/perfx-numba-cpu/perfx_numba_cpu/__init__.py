@@ -8,7 +8,10 @@
   other processes load it (see _Machine). An x with an infinity or NaN takes the float path below.
 - ``int4_gemm`` with larger n (prefill chunks): the blocks dequantized into W.T in a reused float32 scratch
   buffer (in tiles only for huge matrices), then one BLAS call.
-- ``int8_gemm`` (int8 codes, a scale per group: GGUF Q8_0 and Q5_0 in float16, e.g. SmolLM2's tied
+- ``int5_gemm`` (GGUF Q5_0 / Q5_1 / Q5_K as loaded, weights.Int5Weight) with n <= INT8_MAX_N: x rounded to int16
+  per group of 32 and each group's codes built from its nibbles and fifth bits in registers (vector_dot.int5_rows_dot);
+  larger n: blocks of rows dequantized for BLAS.
+- ``int8_gemm`` (int8 codes, a scale per group: GGUF Q8_0 in float16, e.g. SmolLM2's tied
   embedding/output, Q6_K in float32) with n <= INT8_MAX_N: a kernel on the weight's own arrays (no copy),
   4x less memory traffic than a float32 sgemv. With groups of 16 or 32 columns (every GGUF type) x is rounded
   to int16 per group and a row is one integer multiply-add intrinsic (vector_dot) for kernels.TILE rows of x;
@@ -279,12 +282,40 @@ def int8_gemm(rt, x, w, out) -> None:
         _matmul(x, block.T, out[:, r0:r1])
 
 
+def int5_gemm(rt, x, w, out) -> None:
+    weight = w.weight
+    x = _f32(x)
+    n = x.shape[0]
+    m, k = weight.shape
+    scales, biases = weight.scale.view(np.int16), weight.bias.view(np.int16)  # looked up in F16, as int8_gemm's
+    if n <= INT8_MAX_N:
+        padded = n if n < 3 else -(-n // K.TILE) * K.TILE  # whole tiles of rows (kernels.int5_matvec_int16)
+        xq = np.zeros((padded, k), dtype=np.int16)
+        xs = np.zeros((padded, k // 32), dtype=np.float32)
+        sums = np.zeros((padded, k // 32), dtype=np.float32)
+        if K.quantize_x_int5(x, xq, xs, sums):
+            args = (weight.low, weight.high, scales, biases, F16, xq, xs, sums, out)
+            _run(K.int5_matvec_int16, K.int5_matvec_int16_serial, n * m * k, *args)
+            return
+        # x holds an infinity or NaN: the float path below propagates it as the contract asks
+    rows = max(1, min(m, INT8_TILE_BYTES // (4 * k)))
+    tile = rt.scratch("numba_cpu.int5_tile", (rows, k))
+    dequantize = K.int5_dequantize if PARALLEL_MODE == "always" else K.int5_dequantize_serial
+    for r0 in range(0, m, rows):
+        r1 = min(m, r0 + rows)
+        block = tile[: r1 - r0]
+        dequantize(weight.low[r0:r1], weight.high[r0:r1], scales[r0:r1], biases[r0:r1], F16, block)
+        _matmul(x, block.T, out[:, r0:r1])
+
+
 def linear(rt, x, w, out) -> None:
     kind = w.kind
     if kind == "int4":
         _int4_matmul(rt, x, w, out)
     elif kind == "int8":
         int8_gemm(rt, x, w, out)
+    elif kind == "int5":
+        int5_gemm(rt, x, w, out)
     else:
         dense_gemm(rt, x, w, out)
 
@@ -368,6 +399,7 @@ OPS = {
     "int4_gemm": int4_gemm,
     "dense_gemm": dense_gemm,
     "int8_gemm": int8_gemm,
+    "int5_gemm": int5_gemm,
     "rmsnorm": rmsnorm,
     "add_rmsnorm": add_rmsnorm,
     "silu_mul": silu_mul,

@@ -19,7 +19,7 @@ from numba import njit, prange
 from numba import types as nbtypes
 from numba.extending import overload
 
-from .vector_dot import halves_to_floats, int4_pairs_dot, scaled_accumulate, scaled_rows_dot
+from .vector_dot import halves_to_floats, int4_pairs_dot, int5_rows_dot, scaled_accumulate, scaled_rows_dot
 
 FM = {"reassoc", "contract", "arcp", "nsz", "afn"}
 F32 = np.float32
@@ -470,6 +470,78 @@ def int8_dequantize(q, scales, f16, dst):
                 drow[i] = F32(qrow[i]) * s
 
 
+# -- int5: GGML's 5-bit split (weights.Int5Weight), float16 scale and bias per group of 32 -------------------
+int5_dot_row = int5_rows_dot(1)
+int5_dot_tile = int5_rows_dot(TILE)
+
+
+@njit(fastmath=FM, cache=True, nogil=True)
+def quantize_x_int5(x, xq, xs, sums):
+    """quantize_x_int16 with groups of 32 for int5_rows_dot: xq in the column order the kernel reads, each pair
+    of groups as columns 0-7 of the first group, 0-7 of the second, then 8-15 of each, 16-23, 24-31 (it decodes
+    two groups at once, one per 128-bit half), an odd last group as it is; sums (n, k // 32) gets x's sum per
+    group. False where a group holds an infinity or NaN."""
+    n, k = x.shape
+    groups = k // 32
+    for j in range(n):
+        xr = x[j]
+        for g in range(groups):
+            amax = F32(0.0)
+            total = F32(0.0)
+            for i in range(32 * g, 32 * g + 32):
+                v = xr[i]
+                if v != v:  # NaN (max() would skip it)
+                    return False
+                amax = max(amax, abs(v))
+                total += v
+            if not math.isfinite(amax):
+                return False
+            sums[j, g] = total
+            s = amax / INT16_STEP if amax >= F32(1e-30) else F32(0.0)
+            xs[j, g] = s
+            inv = F32(0.0) if s == 0 else F32(1.0) / s
+            paired = g < groups - groups % 2
+            base = 64 * (g // 2) + 8 * (g % 2) if paired else 32 * g
+            for c in range(32):
+                at = base + 16 * (c // 8) + c % 8 if paired else base + c
+                xq[j, at] = np.int16(round(xr[32 * g + c] * inv))
+    return True
+
+
+@njit(parallel=True, fastmath=FM, cache=True, nogil=True)
+def int5_matvec_int16(low, high, scales, biases, f16, xq, xs, sums, out):
+    """out (n, m) = x @ W.T for an Int5Weight (scales and biases as float16 bits viewed as int16), from x rounded
+    by quantize_x_int5 (in its column order) and its sums per group. Three rows of x or more go TILE at a time (xq, xs
+    and sums padded to whole tiles with zero rows), a group's codes built once for them; a row's result is the
+    same either way."""
+    m = low.shape[0]
+    n = out.shape[0]
+    if n < 3:
+        for r in prange(m):
+            for j in range(n):
+                int5_dot_row(low[r], high[r], scales[r], biases[r], f16, xq, xs, sums, j, out, r)
+    else:
+        for r in prange(m):
+            for j0 in range(0, n, TILE):
+                int5_dot_tile(low[r], high[r], scales[r], biases[r], f16, xq, xs, sums, j0, out, r)
+
+
+@njit(parallel=True, fastmath=FM, cache=True, nogil=True)
+def int5_dequantize(low, high, scales, biases, f16, dst):
+    """dst (rows, k) float32 = the first rows of an Int5Weight (as int5_matvec_int16's arrays), for BLAS."""
+    rows, k = dst.shape
+    for r in prange(rows):
+        lr, hr, drow = low[r], high[r], dst[r]
+        for g in range(k // 32):
+            s = _group_scale(scales, r, g, f16)
+            b = _group_scale(biases, r, g, f16)
+            h = hr[g]
+            for j in range(16):
+                byte = lr[16 * g + j]
+                drow[32 * g + j] = F32((byte & 15) | (((h >> j) & 1) << 4)) * s + b
+                drow[32 * g + 16 + j] = F32((byte >> 4) | (((h >> (j + 16)) & 1) << 4)) * s + b
+
+
 # -- norms and activation ---------------------------------------------------------------------------------
 @njit(fastmath=FM, cache=True, nogil=True)
 def rmsnorm(x, weight, eps, out):
@@ -741,3 +813,5 @@ silu_mul_serial = _twin(silu_mul, "silu_mul_serial")
 gelu_mul_serial = _twin(gelu_mul, "gelu_mul_serial")
 int4_dequantize_t_serial = _twin(int4_dequantize_t, "int4_dequantize_t_serial")
 attention_decode_serial = _twin(attention_decode, "attention_decode_serial")
+int5_matvec_int16_serial = _twin(int5_matvec_int16, "int5_matvec_int16_serial")
+int5_dequantize_serial = _twin(int5_dequantize, "int5_dequantize_serial")

@@ -10,7 +10,7 @@ import pytest
 from perfx_core.errors import InvalidArgumentError
 from perfx_core.plugins import get_registry
 from perfx_core.testing import assert_backend_conforms, isolated_plugins
-from perfx_core.weights import Int4Weight, Int8Weight, dequantize
+from perfx_core.weights import Int4Weight, Int5Weight, Int8Weight, dequantize, pack_int5
 
 PLUGIN = "numba-cpu"
 INSTALLED = any(ep.name == PLUGIN for ep in importlib.metadata.entry_points(group="perfx"))
@@ -25,6 +25,7 @@ REPLACED = (
     "int4_gemm",
     "dense_gemm",
     "int8_gemm",
+    "int5_gemm",
     "head_rmsnorm",
     "rmsnorm",
     "add_rmsnorm",
@@ -237,6 +238,24 @@ def test_attention_parts_agree(kernel, features):
         np.testing.assert_allclose(out, results[0][2], rtol=1e-5, atol=1e-6)
 
 
+def assert_matmuls(rt, w, x, values, format_op):
+    """``format_op``, linear and logits of x by the handle w against float64 ``values``: within the int16 rounding
+    of x per 32-column piece up to INT8_MAX_N rows (int16_rounding_bound), NMSE below 1e-8; the last output."""
+    import perfx_numba_cpu
+
+    n, m = x.shape[0], values.shape[0]
+    want = x @ values.T
+    tolerance = 1e-4
+    if n <= perfx_numba_cpu.INT8_MAX_N:
+        tolerance += int16_rounding_bound(x, values, 32)
+    for op in (format_op, "linear", "logits"):
+        out = np.full((n, m), np.nan, dtype=np.float32)
+        getattr(rt.ops, op)(x, w, out)
+        assert np.all(np.abs(out - want) <= tolerance + 1e-4 * np.abs(want)), f"{op} n={n}"
+        assert ((out - want) ** 2).sum() / (want**2).sum() < 1e-8, f"{op} n={n}"
+    return out
+
+
 @pytest.mark.parametrize("mode", ["never", "always"])
 def test_int8_gemm_runs_on_the_weights_own_arrays(plugin_env, monkeypatch, mode):
     """An int8 weight (GGUF Q8_0 / Q5_0) is multiplied as it is: the GEMV kernel up to INT8_MAX_N rows, blocks of
@@ -256,19 +275,56 @@ def test_int8_gemm_runs_on_the_weights_own_arrays(plugin_env, monkeypatch, mode)
     w = rt.prepare_weight(weight)
     values = dequantize(weight, np.float64)
     for n in (1, 2, 3, 8, 9, 40):
-        x = rng.standard_normal((n, k)).astype(np.float32)
-        want = x @ values.T
-        # Up to INT8_MAX_N rows x is rounded to int16 steps per 32-column piece (int16_rounding_bound).
-        tolerance = 1e-4
-        if n <= perfx_numba_cpu.INT8_MAX_N:
-            tolerance += int16_rounding_bound(x, values, 32)
-        for op in ("int8_gemm", "linear", "logits"):
-            out = np.full((n, m), np.nan, dtype=np.float32)
-            getattr(rt.ops, op)(x, w, out)
-            assert np.all(np.abs(out - want) <= tolerance + 1e-4 * np.abs(want)), f"{op} n={n}"
-            assert ((out - want) ** 2).sum() / (want**2).sum() < 1e-8, f"{op} n={n}"
+        assert_matmuls(rt, w, rng.standard_normal((n, k)).astype(np.float32), values, "int8_gemm")
     assert w._float32 is None and perfx_numba_cpu.ATTR not in w.__dict__
     assert rt.weight_bytes(w) == weight.codes.nbytes + weight.scale.nbytes == m * k * 17 // 16
+
+
+@pytest.mark.parametrize("mode", ["never", "always"])
+def test_int5_gemm_runs_on_the_weights_own_arrays(plugin_env, monkeypatch, mode):
+    """An int5 weight (GGUF Q5_0 / Q5_1 / Q5_K) is multiplied as it is: codes built from its nibbles and fifth bits
+    in the GEMV kernel up to INT8_MAX_N rows (each row of x the same to the bit whether alone or in a batch),
+    blocks of rows dequantized for BLAS beyond; a non-finite x takes the float path and propagates; nothing is
+    held but the weight's own arrays."""
+    import perfx_numba_cpu
+
+    monkeypatch.setattr(perfx_numba_cpu, "PARALLEL_MODE", mode)
+    monkeypatch.setattr(perfx_numba_cpu, "INT8_TILE_BYTES", 100 * 96 * 4)  # 100 rows a block: 4 blocks
+    rng = np.random.default_rng(2)
+    m, k = 333, 96
+    codes = rng.integers(0, 32, (m, k), dtype=np.uint8)
+    codes[0] = 31  # every fifth bit set, and the largest code
+    codes[1] = 0
+    weight = Int5Weight(
+        *pack_int5(codes),
+        rng.uniform(-0.02, 0.02, (m, k // 32)).astype(np.float16),
+        rng.uniform(-0.3, 0.3, (m, k // 32)).astype(np.float16),
+    )
+    rt = get_registry(refresh=True).open_runtime("numpy")
+    assert "int5" in rt.weight_formats
+    w = rt.prepare_weight(weight)
+    values = dequantize(weight, np.float64)
+    np.testing.assert_array_equal(values[0], np.repeat(31 * weight.scale[0].astype(np.float64) + weight.bias[0], 32))
+    alone = {}
+    for n in (1, 2, 3, 5, 8, 31, 32, 33, 40):
+        x = rng.standard_normal((n, k)).astype(np.float32)
+        x[-1] *= 1e3  # a row far larger than the others: its own int16 steps
+        out = assert_matmuls(rt, w, x, values, "int5_gemm")
+        if n <= perfx_numba_cpu.INT8_MAX_N:
+            for j in (0, n - 1):
+                if (n, j) == (1, 0):
+                    continue
+                lone = np.empty((1, m), np.float32)
+                rt.ops.int5_gemm(x[j : j + 1], w, lone)
+                alone[n, j] = np.array_equal(lone[0], out[j])
+    assert all(alone.values()), alone
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    x[1, 5] = np.inf
+    out = np.zeros((3, m), np.float32)
+    rt.ops.int5_gemm(x, w, out)
+    assert np.isfinite(out[[0, 2]]).all() and not np.isfinite(out[1]).any()
+    assert w._float32 is None and perfx_numba_cpu.ATTR not in w.__dict__
+    assert rt.weight_bytes(w) == weight.nbytes == m * k * 3 // 4
 
 
 def _model_logits(prompt, decoded):
