@@ -44,6 +44,12 @@ def parse_args(argv=None):
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--gen-tokens", type=int, default=128)
     p.add_argument("--repeat", type=int, default=3, help="timed runs of each engine, alternating (default: 3)")
+    p.add_argument(
+        "--kv-dtype",
+        choices=("float16", "float32"),
+        default=None,
+        help="perfx's KV cache (default: the backend's; llama.cpp's is float16)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the results to this file")
     return p.parse_args(argv)
@@ -120,7 +126,7 @@ def main(argv=None) -> int:
     context = args.prompt_tokens + args.gen_tokens + 1
 
     t0 = time.perf_counter()
-    model = perfx_core.load(model_path, backend=args.backend, context_length=context)
+    model = perfx_core.load(model_path, backend=args.backend, context_length=context, kv_dtype=args.kv_dtype)
     perfx_load_s = time.perf_counter() - t0
     engine = model.engine
     t0 = time.perf_counter()
@@ -183,7 +189,13 @@ def main(argv=None) -> int:
         # 1-minute load averages around the timed runs (this process adds ~threads while it runs).
         "load_average": {"before": load_before[0], "after": load_after[0]},
         "perfx_numba_parallel": os.environ.get("PERFX_NUMBA_PARALLEL", "auto"),
-        "perfx": {**perfx_s, "backend": args.backend, "load_s": perfx_load_s, "ops": dict(engine.rt.ops.sources)},
+        "perfx": {
+            **perfx_s,
+            "backend": args.backend,
+            "kv_dtype": engine.cache_spec.dtype,
+            "load_s": perfx_load_s,
+            "ops": dict(engine.rt.ops.sources),
+        },
         "llama.cpp": {
             **llama_s,
             "load_s": llama_load_s,
@@ -204,7 +216,8 @@ def main(argv=None) -> int:
         (f"prefill ({args.prompt_tokens} tokens), tok/s", "prefill_tokens_per_s", "prefill"),
     ]
     print(
-        f"\n{os.path.basename(model_path)}, {args.threads} threads, median of {args.repeat} alternating runs, "
+        f"\n{os.path.basename(model_path)}, {args.threads} threads, perfx KV cache {engine.cache_spec.dtype}, "
+        f"median of {args.repeat} alternating runs, "
         f"load average {load_before[0]:.2f} before / {load_after[0]:.2f} after"
     )
     header = f"| {'metric':32s} | {'perfx':>9s} | {'llama.cpp':>9s} | {'perfx / llama.cpp':>17s} |"

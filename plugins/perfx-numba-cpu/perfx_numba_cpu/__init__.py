@@ -368,11 +368,13 @@ def gelu_mul(rt, gate_up, out) -> None:
 
 
 def attention_decode(rt, qkv, cache, layer, slots, positions, rope, spec, out) -> None:
-    # float16 caches: the NumPy backend's version.
-    if cache.k.dtype != np.float32 or qkv.dtype != np.float32:
+    half = cache.k.dtype == np.float16
+    if qkv.dtype != np.float32 or not (cache.k.dtype == np.float32 or half and spec.head_dim % 16 == 0):
         numpy_ops.attention_decode(rt, qkv, cache, layer, slots, positions, rope, spec, out)
         return
-    args = (qkv, cache.k, cache.v, layer, slots, positions, rope.cos, rope.sin)
+    # numba has no float16: a float16 cache goes in as its bits, which the kernel narrows and widens row by row
+    kc, vc = (cache.k.view(np.int16), cache.v.view(np.int16)) if half else (cache.k, cache.v)
+    args = (qkv, kc, vc, layer, slots, positions, rope.cos, rope.sin)
     args += (spec.n_heads, spec.n_kv_heads, spec.head_dim)
     args_tail = (np.float32(spec.score_scale), spec.window or 0, np.float32(spec.softcap or 0.0), out)
     if len(slots) > SMALL_N:
@@ -392,6 +394,7 @@ def attention_decode(rt, qkv, cache, layer, slots, positions, rope, spec, out) -
 
 
 attention_decode.perfx_features = ("window", "softcap", "scale")
+
 
 OPS = {
     "embedding": embedding,

@@ -19,7 +19,14 @@ from numba import njit, prange
 from numba import types as nbtypes
 from numba.extending import overload
 
-from .vector_dot import halves_to_floats, int4_pairs_dot, int5_rows_dot, scaled_accumulate, scaled_rows_dot
+from .vector_dot import (
+    floats_to_halves,
+    halves_to_floats,
+    int4_pairs_dot,
+    int5_rows_dot,
+    scaled_accumulate,
+    scaled_rows_dot,
+)
 
 FM = {"reassoc", "contract", "arcp", "nsz", "afn"}
 F32 = np.float32
@@ -54,6 +61,8 @@ pairs_dot_tile = int4_pairs_dot(TILE, ROWS)
 accumulate_row = scaled_accumulate(ROWS, 1)
 accumulate_tile = scaled_accumulate(ROWS, TILE)
 widen_rows = halves_to_floats(ROWS)
+widen_16 = halves_to_floats(16)
+narrow_16 = floats_to_halves(16)
 
 
 def int4_block_layout(packed, scale, bias):
@@ -112,6 +121,25 @@ def _group_row_impl(values, g, buffer):
 
         return widened
     return lambda values, g, buffer: values[g]
+
+
+def _cache_row(rows, t, buffer):
+    """Row t of a (positions, head_dim) cache view as float32: itself, or a float16 cache's bits (int16) widened
+    into ``buffer`` (attention_decode's float16 caches)."""
+
+
+@overload(_cache_row, inline="always")
+def _cache_row_impl(rows, t, buffer):
+    if rows.dtype == nbtypes.int16:
+
+        def widened(rows, t, buffer):
+            hd = buffer.shape[0]
+            for c in range(hd // 16):
+                widen_16(rows, t * hd + 16 * c, buffer[16 * c :])
+            return buffer
+
+        return widened
+    return lambda rows, t, buffer: rows[t]
 
 
 @njit(fastmath=FM, cache=True, nogil=True)
@@ -664,11 +692,57 @@ def _exp_into(src, sign, shift, dst, exponents, n):
         bits[t] += exponents[t] << 23
 
 
+@njit(inline="always", cache=True, nogil=True)
+def _store_new(qkv, kc, vc, layer, slots, positions, cos, sin, n_kv, hd):
+    """attention_decode's cache writes: RoPE'd k and raw v of each row at its position, in float32, or rounded
+    to float16 for a float16 cache (its bits as int16)."""
+    half = hd // 2
+    q_dim = qkv.shape[1] - 2 * n_kv * hd
+    rotated = np.empty(hd, dtype=np.float32)
+    for b in range(qkv.shape[0]):
+        slot = slots[b]
+        pos = positions[b]
+        for j in range(n_kv):
+            kb = q_dim + j * hd
+            vb = q_dim + n_kv * hd + j * hd
+            for i in range(half):
+                c = cos[pos, i]
+                s = sin[pos, i]
+                x1 = qkv[b, kb + i]
+                x2 = qkv[b, kb + half + i]
+                rotated[i] = x1 * c - x2 * s
+                rotated[half + i] = x2 * c + x1 * s
+            _put_row(rotated, kc[layer, slot, j, pos])
+            _put_row(qkv[b, vb : vb + hd], vc[layer, slot, j, pos])
+
+
+def _put_row(values, row):
+    """row[:] = values (float32): as they are, or rounded to float16 bits for an int16 row."""
+
+
+@overload(_put_row, inline="always")
+def _put_row_impl(values, row):
+    if row.dtype == nbtypes.int16:
+
+        def narrowed(values, row):
+            for c in range(row.shape[0] // 16):
+                narrow_16(values[16 * c :], row[16 * c :])
+
+        return narrowed
+
+    def copied(values, row):
+        for i in range(row.shape[0]):
+            row[i] = values[i]
+
+    return copied
+
+
 @njit(parallel=True, fastmath=FM, cache=True, nogil=True)
 def attention_decode(
     qkv, kc, vc, layer, slots, positions, cos, sin, n_heads, n_kv, hd, n_split, score_scale, window, softcap, out
 ):
     """One new token per row b: RoPE'd k and raw v into the cache at positions[b], then causal GQA attention.
+    float32 caches, or float16 ones as their bits (int16 views): new rows rounded once, rows widened as read.
 
     Scores are q.k * score_scale, soft-capped to softcap * tanh(s / softcap) where softcap > 0; a query sees the
     last ``window`` positions (itself included) where window > 0, else all of them (AttentionSpec's features).
@@ -679,28 +753,12 @@ def attention_decode(
     max and sum; the parts are then merged. More than one part evens out the threads' work when there are
     few (row, kv head) pairs (SmolLM2's 3 kv heads on 2 threads: 2 + 1 heads without parts).
     """
-    q_dim = n_heads * hd
-    kv_dim = n_kv * hd
     half = hd // 2
     group = n_heads // n_kv
     inv_sqrt = F32(score_scale)
     cap = F32(softcap)
     n_rows = qkv.shape[0]
-    for b in range(n_rows):
-        slot = slots[b]
-        pos = positions[b]
-        for j in range(n_kv):
-            kb = q_dim + j * hd
-            vb = q_dim + kv_dim + j * hd
-            for i in range(half):
-                c = cos[pos, i]
-                s = sin[pos, i]
-                x1 = qkv[b, kb + i]
-                x2 = qkv[b, kb + half + i]
-                kc[layer, slot, j, pos, i] = x1 * c - x2 * s
-                kc[layer, slot, j, pos, half + i] = x2 * c + x1 * s
-            for i in range(hd):
-                vc[layer, slot, j, pos, i] = qkv[b, vb + i]
+    _store_new(qkv, kc, vc, layer, slots, positions, cos, sin, n_kv, hd)
     items = n_rows * n_kv * n_split
     part_acc = np.empty((items, group, hd), dtype=np.float32)
     part_max = np.empty((items, group), dtype=np.float32)
@@ -713,6 +771,7 @@ def attention_decode(
     part_q = np.empty((items, group, hd), dtype=np.float32)
     part_scores = np.empty((items, group, longest), dtype=np.float32)
     part_exponents = np.empty((items, longest), dtype=np.int32)
+    part_rows = np.empty((items, hd), dtype=np.float32)  # a float16 cache's key or value row, widened
     for item in prange(items):
         bj = item // n_split
         part = item - bj * n_split
@@ -746,7 +805,7 @@ def attention_decode(
             for i in range(hd):
                 a[i] = 0.0
         for t in range(n_t):
-            kt = keys[t0 + t]
+            kt = _cache_row(keys, t0 + t, part_rows[item])
             for gi in range(group):
                 q = qr[gi]
                 sc = F32(0.0)
@@ -759,7 +818,7 @@ def attention_decode(
         for gi in range(group):
             _exp_into(scores[gi], F32(1.0), mx[gi], scores[gi], exponents, n_t)
         for t in range(n_t):
-            vt = values[t0 + t]
+            vt = _cache_row(values, t0 + t, part_rows[item])
             for gi in range(group):
                 wt = scores[gi, t]
                 a = acc[gi]

@@ -387,6 +387,34 @@ def halves_to_floats(count: int):
     return widen
 
 
+def floats_to_halves(count: int):
+    """An intrinsic ``(src, dst)``: dst[:count] = the float16 bit patterns (int16) of src[:count] (float32), rounded to
+    nearest even as NumPy's astype(float16) rounds (x86's vcvtps2ph with F16C): a float16 KV cache's new rows."""
+
+    @intrinsic
+    def narrow(typingctx, src, dst):
+        if not all(isinstance(a, types.Array) and a.layout == "C" and a.ndim == 1 for a in (src, dst)):
+            return None
+        if src.dtype != types.float32 or dst.dtype != types.int16:
+            return None
+        sig = types.void(src, dst)
+
+        def codegen(context, builder, signature, args):
+            s_arr = context.make_array(signature.args[0])(context, builder, args[0])
+            d_arr = context.make_array(signature.args[1])(context, builder, args[1])
+            floats = builder.load(
+                builder.bitcast(s_arr.data, ir.VectorType(ir.FloatType(), count).as_pointer()), align=4
+            )
+            halves = builder.fptrunc(floats, ir.VectorType(ir.HalfType(), count))
+            bits = builder.bitcast(halves, ir.VectorType(ir.IntType(16), count))
+            builder.store(bits, builder.bitcast(d_arr.data, bits.type.as_pointer()), align=2)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return narrow
+
+
 def scaled_accumulate(rows: int, tile: int):
     """An intrinsic ``(scales_b, biases_b, g, xs, sums, j0, dots, acc)``: for j < ``tile`` and t < ``rows``,
     acc[j, t] += scale[g, t] * xs[j0 + j, g] * dots[j, t] + bias[g, t] * sums[j0 + j, g], the int4 kernels' epilogue

@@ -238,6 +238,46 @@ def test_attention_parts_agree(kernel, features):
         np.testing.assert_allclose(out, results[0][2], rtol=1e-5, atol=1e-6)
 
 
+def test_float16_cache_decode_attention_runs_in_the_kernel(plugin_env, monkeypatch):
+    """A float16 KV cache (head sizes that are multiples of 16) takes the plugin's kernel, not the NumPy backend's
+    attention: the new rows are the float32 path's, rounded once, and the output matches attention over a float32
+    cache holding the same rounded history (where the float32 path attends to its new row unrounded: ~1e-5 apart;
+    a row read from the wrong place would be ~1 off)."""
+    import perfx_numba_cpu
+    from perfx_numpy import ops as numpy_ops
+
+    from perfx_core.backend import RopeTable
+    from perfx_core.specs import AttentionSpec, KVCacheSpec
+
+    def refuse(*args):
+        raise AssertionError("the NumPy backend's attention_decode ran")
+
+    rt = get_registry(refresh=True).open_runtime("numpy")
+    rng = np.random.default_rng(4)
+    n_heads, n_kv, hd, seq = 4, 1, 256, 64  # Gemma 3's head shape
+    spec = AttentionSpec(n_heads, n_kv, hd)
+    angles = rng.uniform(0, 6.3, (seq, hd // 2))
+    rope = RopeTable(np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32))
+    caches = [rt.new_kv_cache(KVCacheSpec(2, 3, seq, n_kv, hd, dtype)) for dtype in ("float16", "float32")]
+    history = rng.standard_normal((2, 2, 3, n_kv, seq, hd)).astype(np.float16)
+    for cache in caches:
+        rt.kv_cache_from_numpy(cache, *history)
+    slots, positions = np.array([2, 0], np.int32), np.array([40, 7], np.int32)
+    qkv = rng.standard_normal((2, (n_heads + 2 * n_kv) * hd)).astype(np.float32)
+    outs = []
+    monkeypatch.setattr(numpy_ops, "attention_decode", refuse)
+    for cache in caches:
+        out = np.full((2, n_heads * hd), np.nan, np.float32)
+        perfx_numba_cpu.attention_decode(rt, qkv, cache, 1, slots, positions, rope, spec, out)
+        outs.append(out)
+        if cache.k.dtype == np.float32:  # what the float16 cache holds: the same values, rounded once
+            for half, full in ((caches[0].k, cache.k), (caches[0].v, cache.v)):
+                np.testing.assert_array_equal(half, full.astype(np.float16))
+            cache.k[...], cache.v[...] = caches[0].k, caches[0].v
+            perfx_numba_cpu.attention_decode(rt, qkv, cache, 1, slots, positions, rope, spec, out)
+    np.testing.assert_allclose(outs[0], out, rtol=1e-4, atol=1e-4)
+
+
 def assert_matmuls(rt, w, x, values, format_op):
     """``format_op``, linear and logits of x by the handle w against float64 ``values``: within the int16 rounding
     of x per 32-column piece up to INT8_MAX_N rows (int16_rounding_bound), NMSE below 1e-8; the last output."""
