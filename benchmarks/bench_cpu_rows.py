@@ -5,7 +5,8 @@
     python benchmarks/bench_cpu_rows.py --rows 1,8 --shape int4:3072x576 --shape int8:49152x576
 
 Each shape is a random weight (int4 with 32-column groups as in SmolLM2's Q4_1 file, int5 as GGUF Q5_0/Q5_1/Q5_K
-load (float16 scale and bias per 32 columns), or int8 codes with a
+load (float16 scale and bias per 32 columns), int6 as GGUF Q6_K loads, int8g16 as Q6_K's int8 form (float32 scale
+per 16 columns), or int8 codes with a
 float16 scale per 32 columns as in its Q8_0 LM head) multiplied through ``rt.ops.linear`` of the NumPy backend's
 runtime, i.e. by whatever op implementation is installed (the numba plugin's where it is). Prints one JSON object
 per shape and row count: microseconds per call (the best of --repeat batches, CPU time of this process, which
@@ -22,7 +23,8 @@ import time
 import numpy as np
 
 from perfx_core.plugins import get_registry
-from perfx_core.weights import Int4Weight, Int5Weight, Int8Weight, pack_int5
+from perfx_core.split_weights import pack_int6, pack_split
+from perfx_core.weights import Int4Weight, Int5Weight, Int6Weight, Int8Weight
 
 SMOLLM2_SHAPES = ("int4:1728x576", "int4:3072x576", "int4:576x1536", "int8:49152x576")
 
@@ -42,11 +44,21 @@ def random_weight(kind: str, m: int, k: int, rng: np.random.Generator):
     if kind == "int5":
         groups = (m, k // 32)
         return Int5Weight(
-            *pack_int5(rng.integers(0, 32, (m, k), dtype=np.uint8)),
+            *pack_split(rng.integers(0, 32, (m, k), dtype=np.uint8), 1),
             rng.uniform(-0.02, 0.02, groups).astype(np.float16),
             rng.uniform(-0.3, 0.3, groups).astype(np.float16),
         )
-    raise SystemExit(f"unknown weight kind {kind!r}: int4, int5 or int8")
+    if kind == "int6":
+        return Int6Weight(
+            *pack_int6(rng.integers(0, 64, (m, k), dtype=np.uint8)),
+            rng.integers(-128, 128, (m, k // 16), dtype=np.int8),
+            rng.uniform(1e-4, 1e-3, (m, k // 256)).astype(np.float16),
+        )
+    if kind == "int8g16":  # GGUF Q6_K in int8 form: codes -32..31, a float32 scale per 16 columns
+        return Int8Weight(
+            rng.integers(-32, 32, (m, k), dtype=np.int8), rng.uniform(-0.02, 0.02, (m, k // 16)).astype(np.float32), 16
+        )
+    raise SystemExit(f"unknown weight kind {kind!r}: int4, int5, int6, int8 or int8g16")
 
 
 def cpu_seconds_per_call(call, repeat: int, min_seconds: float = 0.2) -> float:

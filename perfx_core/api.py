@@ -307,7 +307,9 @@ def load(
     runtime = get_registry().open_runtime(backend, device)
     started = progress.begin(f"loading {model_path.name} on {backend} / {runtime.device.name}")
     try:
-        config, weights, tokenizer, metadata = _read_model(model_path, quantize, runtime.block_formats)
+        config, weights, tokenizer, metadata = _read_model(
+            model_path, quantize, runtime.block_formats, runtime.weight_formats
+        )
         if context_length is not None and context_length > config.context_length:
             raise InvalidArgumentError(
                 f"context_length {context_length} exceeds the {config.context_length} tokens this model was trained for"
@@ -328,9 +330,14 @@ def load(
     return Model(model_path, config, engine, tokenizer, metadata)
 
 
-def _read_model(path: Path, quantize: str | None, block_formats: frozenset[str] = frozenset()):
+def _read_model(
+    path: Path,
+    quantize: str | None,
+    block_formats: frozenset[str] = frozenset(),
+    weight_formats: frozenset[str] | None = None,
+):
     """(config, host weights, tokenizer, metadata) of a GGUF file or a model directory; a GGUF's matrices in
-    ``block_formats`` stay as the file's blocks."""
+    ``block_formats`` stay as the file's blocks, and its Q5/Q6_K ones take ``weight_formats`` into account."""
     if path.is_dir():
         from .formats import load_directory
 
@@ -339,7 +346,7 @@ def _read_model(path: Path, quantize: str | None, block_formats: frozenset[str] 
         return config, weights, loaded.tokenizer, loaded.metadata
     from .gguf_loader import load_llama_gguf  # deferred: the gguf library is slow to import
 
-    config, weights, gguf = load_llama_gguf(path, keep_blocks=block_formats)
+    config, weights, gguf = load_llama_gguf(path, keep_blocks=block_formats, weight_formats=weight_formats)
     return config, weights, tokenizer_from_metadata(gguf.metadata), gguf.metadata
 
 

@@ -22,7 +22,8 @@ from . import reference
 from .backend import AttentionSpec, KVCacheSpec, RopeTable
 from .errors import InvalidArgumentError
 from .ops import FORMAT_OPS, OP_NAMES
-from .weights import DenseWeight, Int4Weight, Int5Weight, Int8Weight, Weight, concat_rows, pack_int5, quantize_rtn
+from .split_weights import pack_int6, pack_split
+from .weights import DenseWeight, Int4Weight, Int5Weight, Int6Weight, Int8Weight, Weight, concat_rows, quantize_rtn
 
 MATMUL_LIMIT = 5e-4  # matmuls, int4 embedding, attention: float32 sums over many terms
 NORM_LIMIT = 1e-6  # rmsnorm, add_rmsnorm, silu_mul: elementwise work with at most one reduction
@@ -157,6 +158,8 @@ class _Trial:
             arrays = [weight.packed, weight.scale, weight.bias]
         elif isinstance(weight, Int5Weight):
             arrays = [weight.low, weight.high, weight.scale, weight.bias]
+        elif isinstance(weight, Int6Weight):
+            arrays = [weight.ql, weight.qh, weight.sub, weight.d]
         else:
             arrays = [weight.codes, weight.scale] if isinstance(weight, Int8Weight) else [weight.data]
         self._host.append(("weight", arrays, [a.tobytes() for a in arrays]))
@@ -275,7 +278,7 @@ def _int5(rng: np.random.Generator, m: int, k: int, group: int, how: str) -> Int
     if how == "random":
         codes = rng.integers(0, 32, (m, k), dtype=np.uint8)
         scale = rng.uniform(-0.05, 0.05, (m, k // group)).astype(np.float16)
-        return Int5Weight(*pack_int5(codes), scale, rng.normal(0.0, 0.1, (m, k // group)).astype(np.float16))
+        return Int5Weight(*pack_split(codes, 1), scale, rng.normal(0.0, 0.1, (m, k // group)).astype(np.float16))
     groups = (rng.standard_normal((m, k)) * 0.05).reshape(m, k // group, group)
     if how == "q5_0":
         scale = (np.abs(groups).max(axis=2) / 16).astype(np.float16)
@@ -285,7 +288,16 @@ def _int5(rng: np.random.Generator, m: int, k: int, group: int, how: str) -> Int
         bias = groups.min(axis=2).astype(np.float16)
     safe = np.where(scale > 0, scale.astype(np.float64), 1.0)[:, :, None]
     codes = np.clip(np.round((groups - bias.astype(np.float64)[:, :, None]) / safe), 0, 31).astype(np.uint8)
-    return Int5Weight(*pack_int5(codes.reshape(m, k)), scale, bias)
+    return Int5Weight(*pack_split(codes.reshape(m, k), 1), scale, bias)
+
+
+def _int6(rng: np.random.Generator, m: int, k: int, group: int, how: str) -> Int6Weight:
+    """An int6 weight as GGUF Q6_K stores one: codes 0..63, an int8 sub-scale per 16 columns and a float16 d per 256
+    ("q6_k": d of max |w| / 32 / 127 per block, as llama.cpp's quantizer; "random": random sub-scales and d)."""
+    codes = rng.integers(0, 64, (m, k), dtype=np.uint8)
+    sub = rng.integers(-128, 128, (m, k // 16), dtype=np.int8)
+    d = rng.uniform(1e-5 if how == "q6_k" else -1e-3, 1e-3, (m, k // 256)).astype(np.float16)
+    return Int6Weight(*pack_int6(codes), sub, d)
 
 
 def _dense(rng: np.random.Generator, m: int, k: int, dtype: str) -> DenseWeight:
@@ -294,12 +306,12 @@ def _dense(rng: np.random.Generator, m: int, k: int, dtype: str) -> DenseWeight:
 
 def _make_weight(rng: np.random.Generator, desc: tuple) -> Weight:
     """("int4" | "int8" | "int5", m, k, group, how) or ("dense", m, k, "float32"|"float16")."""
-    makers = {"int4": _int4, "int8": _int8, "int5": _int5}
+    makers = {"int4": _int4, "int8": _int8, "int5": _int5, "int6": _int6}
     return makers.get(desc[0], _dense)(rng, *desc[1:])
 
 
 def _describe(desc: tuple) -> str:
-    if desc[0] in ("int4", "int8", "int5"):
+    if desc[0] in ("int4", "int8", "int5", "int6"):
         kind, m, k, group, how = desc
         return f"{kind} g{group} {how} ({m}x{k})"
     _, m, k, dtype = desc
@@ -345,18 +357,19 @@ def _qkv_case(n: int, kind: str) -> tuple[str, float, Body]:
         "int8": lambda rng, rows, part: _int8(rng, rows, 128, *((32, "q5_0"), (32, "q8_0"), (16, "q6_k"))[part]),
         # q|k Q5_0, v Q5_1: one int5 matrix
         "int5": lambda rng, rows, part: _int5(rng, rows, 128, 32, "q5_1" if part == 2 else "q5_0"),
+        "int6": lambda rng, rows, part: _int6(rng, rows, 256, 16, "q6_k"),  # whole Q6_K blocks: 256 columns
         "dense": lambda rng, rows, part: _dense(rng, rows, 128, "float32"),
     }[kind]
 
     def body(t: _Trial, rng: np.random.Generator) -> None:
         parts = [make(rng, rows, part) for part, rows in enumerate((192, 64, 64))]
         weight = concat_rows(parts)
-        x = _activations(rng, (n, 128))
+        x = _activations(rng, (n, weight.shape[1]))
         handle, out = t.weight(weight), t.output("out", (n, 320))
         t.rt.ops.qkv_proj(t.input("x", x), handle, out)
         t.compare("out", reference.matmul(x, weight), MATMUL_LIMIT)
 
-    return f"n={n} {kind} q|k|v 192+64+64 x 128", MATMUL_LIMIT, body
+    return f"n={n} {kind} q|k|v 192+64+64 x {256 if kind == 'int6' else 128}", MATMUL_LIMIT, body
 
 
 def _linear_norm_case(n: int, desc: tuple, eps: float, post: bool = False) -> tuple[str, float, Body]:
@@ -829,7 +842,46 @@ def _format_cases(op: str) -> list[tuple[str, tuple[str, float, Body]]]:
             _linear_norm_case(1, ("int8", 576, 128, 32, "q8_0"), 1e-5, post),
             _linear_norm_case(12, ("int8", 129, 96, 32, "random"), 1e-6, post),
         ]
-    return [("int8", case) for case in cases] + [("int5", case) for case in _int5_cases(op)]
+    return (
+        [("int8", case) for case in cases]
+        + [("int5", case) for case in _int5_cases(op)]
+        + [("int6", case) for case in _int6_cases(op)]
+    )
+
+
+def _int6_cases(op: str) -> list[tuple[str, float, Body]]:
+    """_format_cases of the int6 format (columns in whole 256-column blocks)."""
+    if op == "int6_gemm":
+        return [
+            _matmul_case(op, n, ("int6", m, k, 16, how))
+            for n, m, k, how in (
+                (1, 1, 256, "q6_k"),
+                (1, 129, 512, "random"),
+                (1, 4097, 256, "q6_k"),  # in blocks of rows
+                (2, 3, 768, "q6_k"),
+                (3, 130, 256, "random"),
+                (8, 129, 512, "q6_k"),
+                (17, 65, 256, "random"),
+                (33, 96, 256, "q6_k"),  # past the integer kernels' rows
+                (64, 300, 256, "random"),
+            )
+        ]
+    if op == "embedding":
+        return [
+            _embedding_case(1, ("int6", 1001, 256, 16, "q6_k")),
+            _embedding_case(17, ("int6", 300, 512, 16, "random")),
+        ]
+    if op in ("linear", "logits"):
+        m = 4097 if op == "logits" else 129
+        return [_matmul_case(op, 1, ("int6", m, 256, 16, "q6_k")), _matmul_case(op, 5, ("int6", m, 256, 16, "random"))]
+    if op == "qkv_proj":
+        return [_qkv_case(1, "int6"), _qkv_case(7, "int6")]
+    if op == "gate_up_silu":
+        return [_matmul_case(op, n, ("int6", 2 * f, 256, 16, "q6_k")) for n, f in ((1, 128), (9, 65))]
+    if op in ("linear_add_rmsnorm", "linear_post_norm_add_rmsnorm"):
+        post = op == "linear_post_norm_add_rmsnorm"
+        return [_linear_norm_case(1, ("int6", 576, 256, 16, "q6_k"), 1e-5, post)]
+    return []
 
 
 def _int5_cases(op: str) -> list[tuple[str, float, Body]]:

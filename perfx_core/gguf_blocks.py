@@ -17,7 +17,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
-from .weights import pack_int5
+from .split_weights import pack_split
 
 _CHUNK_ELEMENTS = 1 << 18  # per chunk; a worker holds a few bytes of temporaries per element
 QK_K = 256  # values per K-quant super-block
@@ -154,11 +154,22 @@ def q5_k_int5(blocks: np.ndarray) -> tuple[np.ndarray, ...]:
     nibbles = (qs >> _NIBBLE_SHIFTS) & 0x0F  # (n, nb, chunk, half, 32): sub-block 2c + half
     fifth = (b[:, :, None, 16:48] >> np.arange(8, dtype=np.uint8).reshape(8, 1)) & 1  # (n, nb, sub-block, 32)
     codes = nibbles.reshape(n, nb * 8, 32) | (fifth.reshape(n, nb * 8, 32) << 4)
-    low, high = pack_int5(codes.reshape(n, nb * QK_K))
+    low, high = pack_split(codes.reshape(n, nb * QK_K), 1)
     return low, high, scale, bias
 
 
 _NIBBLE_SHIFTS = np.array([0, 4], np.uint8).reshape(2, 1)
+
+
+def q6_k_int6(blocks: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Q6_K super-blocks of 256 (128 bytes of low nibbles, 64 of high bit pairs, 16 int8 sub-scales, d float16)
+    -> Int6Weight's (ql, qh, sub, d): the blocks' own bytes, split into one array each."""
+    rows = blocks.shape[0]
+    b = blocks.reshape(rows, -1, 210)
+    nb = b.shape[1]
+    sub = np.ascontiguousarray(b[:, :, 192:208]).view(np.int8).reshape(rows, nb * 16)
+    d = np.ascontiguousarray(b[:, :, 208:210]).view(np.float16)[:, :, 0]
+    return b[:, :, :128].reshape(rows, nb * 128), b[:, :, 128:192].reshape(rows, nb * 64), sub, d
 
 
 # -- float types ------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Tensor types map onto perfx's formats without extra loss where one exists: F32/F16 stay dense, BF16 widens
 exactly to float32, Q8_0 becomes an int8 group-32 weight bit for bit (codes and float16 scales as stored),
-Q6_K int8 group-16 exactly (its codes, and d times each sub-scale in float32), Q5_0/Q5_1 int5 bit for bit and
+Q6_K int6 exactly (its codes, sub-scales and d as stored), Q5_0/Q5_1 int5 bit for bit and
 Q5_K int5 with its codes as stored, Q4_0/Q4_1 int4 group-32 weights bit for bit and Q4_K int4 group 32 with its
 codes as stored. Other types (Q2_K, Q3_K, IQ types) widen to float16, with a warning. llama.cpp's converter
 reorders the rows of attn_q/attn_k for its interleaved RoPE; perfx uses rotate-half RoPE, so that reordering is
@@ -38,10 +38,11 @@ from .gguf_blocks import (
     q5_1_int5,
     q5_k_int5,
     q6_k_decode,
+    q6_k_int6,
     q8_0_decode,
 )
 from .gguf_file import GGUFFile, TensorInfo, read_gguf
-from .weights import BlockWeight, DenseWeight, Int4Weight, Int5Weight, Int8Weight, Weight, take_rows
+from .weights import BlockWeight, DenseWeight, Int4Weight, Int5Weight, Int6Weight, Int8Weight, Weight, take_rows
 
 _IGNORED_TENSORS = re.compile(  # read separately or unused
     r"rope_freqs\.weight|rope_factors_(?:long|short)\.weight|blk\.\d+\.attn_rot_embd"
@@ -51,17 +52,21 @@ _FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantiza
 
 
 def load_llama_gguf(
-    source: str | os.PathLike[str] | GGUFFile, keep_blocks: frozenset[str] = frozenset()
+    source: str | os.PathLike[str] | GGUFFile,
+    keep_blocks: frozenset[str] = frozenset(),
+    weight_formats: frozenset[str] | None = None,
 ) -> tuple[LlamaConfig, LlamaWeights, GGUFFile]:
     """Read a GGUF of any family perfx runs: its config, its weights in perfx formats (q/k rows in HF order),
     and the parsed file. Matrices of a type named in ``keep_blocks`` (``Runtime.block_formats``) stay the
-    file's blocks (BlockWeight), for a runtime that converts them itself."""
+    file's blocks (BlockWeight), for a runtime that converts them itself. ``weight_formats``
+    (``Runtime.weight_formats``; None: all) says whether Q5 and Q6_K matrices become int5 / int6 or go straight
+    to what such a runtime takes instead (weights.for_runtime would convert them the same way, in a second pass)."""
     gf = source if isinstance(source, GGUFFile) else read_gguf(source)
     if gf.data_offset is None:
         raise ModelFormatError(f"{gf.path} was read with tensors=False; pass the path or read_gguf(path) instead")
     config = read_llama_config(gf)
     check_tensor_names(gf, config)  # before converting anything, so a wrong file fails at once
-    loader = TensorLoader(gf, keep_blocks)
+    loader = TensorLoader(gf, keep_blocks, weight_formats)
     family = family_named(config.arch)
 
     q_order = hf_row_order(config.n_heads, config.head_dim) if family.gguf_permuted_qk else None
@@ -458,9 +463,13 @@ def hf_row_order(n_heads: int, head_dim: int) -> np.ndarray:
 class TensorLoader:
     """Converts tensors of one GGUFFile into perfx formats, recording which types it had to widen."""
 
-    def __init__(self, gf: GGUFFile, keep_blocks: frozenset[str] = frozenset()):
+    def __init__(
+        self, gf: GGUFFile, keep_blocks: frozenset[str] = frozenset(), weight_formats: frozenset[str] | None = None
+    ):
         self.gf = gf
         self.keep_blocks = keep_blocks
+        self.int5 = weight_formats is None or "int5" in weight_formats
+        self.int6 = weight_formats is None or "int6" in weight_formats
         self.widened: dict[GGMLQuantizationType, int] = defaultdict(int)  # type -> tensors widened to float16
 
     def info(self, name: str, shape: tuple[int, ...]) -> TensorInfo:
@@ -495,7 +504,7 @@ class TensorLoader:
                 blocks = raw if order is None else np.take(raw, order, axis=0)
                 return BlockWeight((blocks,), t.name.lower(), cols, as_int4)
             return as_int4()
-        if t in _INT5_DECODERS:
+        if t in _INT5_DECODERS and self.int5:
             groups = cols // 32
             out5 = (np.empty((rows, cols // 2), np.uint8), np.empty((rows, groups), "<u4"))
             out5 += (np.empty((rows, groups), np.float16), np.empty((rows, groups), np.float16))
@@ -503,6 +512,10 @@ class TensorLoader:
             if np.isfinite(weight.scale).all() and np.isfinite(weight.bias).all():
                 return weight
             del weight  # a scale or bias past float16's range: Q5_0 as int8, the others widened below
+        if t == GGMLQuantizationType.Q6_K and self.int6:
+            out6 = (np.empty((rows, cols // 2), np.uint8), np.empty((rows, cols // 4), np.uint8))
+            out6 += (np.empty((rows, cols // 16), np.int8), np.empty((rows, cols // 256), np.float16))
+            return Int6Weight(*convert_rows(raw, cols, out6, q6_k_int6, order))
         if t in _INT8_DECODERS:
             decode, group, scale_dtype, dense_dtype = _INT8_DECODERS[t]
             out = (np.empty(shape, np.int8), np.empty((rows, cols // group), scale_dtype))
@@ -532,7 +545,8 @@ class TensorLoader:
         for t, count in self.widened.items():
             msg = (
                 f"{count} {t.name} tensors were widened to float16 (2 bytes per weight, within float16 "
-                f"rounding of the file's values): perfx has no {t.name} kernels yet"
+                f"rounding of the file's values): "
+                + ("this backend has no int5 kernels" if t in _INT5_DECODERS else f"perfx has no {t.name} kernels yet")
             )
             warnings.warn(msg, stacklevel=3)
             notes.append(msg)
@@ -550,7 +564,8 @@ _INT5_DECODERS = {
     GGMLQuantizationType.Q5_K: q5_k_int5,
 }
 # type -> (decoder, group, scale dtype, Int8Weight.dense_dtype: what a runtime without int8 gets; Q8_0 exact in
-# float32, Q5_0 and Q6_K in float16, rounded, at 2 bytes per weight)
+# float32, Q5_0 and Q6_K in float16, rounded, at 2 bytes per weight); Q5_0 and Q6_K take this form only for a
+# runtime without int5 / int6 (or for a Q5_0 whose 16 d overflows float16)
 _INT8_DECODERS = {
     GGMLQuantizationType.Q8_0: (q8_0_decode, 32, np.float16, "float32"),
     GGMLQuantizationType.Q5_0: (q5_0_decode, 32, np.float16, "float16"),

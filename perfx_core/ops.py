@@ -22,6 +22,7 @@ Ops of an optional weight format (a runtime that lists the format in ``Runtime.w
 and its ``embedding`` takes tables in that format too; weights.for_runtime widens the format for other runtimes):
   int8_gemm(x (n, k), w int8 (m, k), out (n, m))          out = x @ w.T, w = codes * scale per group
   int5_gemm(x (n, k), w int5 (m, k), out (n, m))          out = x @ w.T, w = codes * scale + bias per group of 32
+  int6_gemm(x (n, k), w int6 (m, k), out (n, m))          out = x @ w.T, w = (codes - 32) * d * sub (GGUF Q6_K)
 
 Ops of the families beyond Llama (generic versions below go through the host, so they work on every backend;
 a backend implements them to keep the work on its device):
@@ -88,7 +89,7 @@ FAMILY_OPS = (
     "linear_post_norm_add_rmsnorm",
 )
 # weight format (Runtime.weight_formats) -> the ops a runtime taking it must have
-FORMAT_OPS: dict[str, tuple[str, ...]] = {"int8": ("int8_gemm",), "int5": ("int5_gemm",)}
+FORMAT_OPS: dict[str, tuple[str, ...]] = {"int8": ("int8_gemm",), "int5": ("int5_gemm",), "int6": ("int6_gemm",)}
 OP_NAMES = PRIMITIVE_OPS + COMPOSITE_OPS + FAMILY_OPS + tuple(op for ops in FORMAT_OPS.values() for op in ops)
 ATTENTION_FEATURES = ("window", "softcap", "scale")
 
@@ -96,7 +97,7 @@ GENERIC_PRIORITY = -100  # generic composites lose to anything a backend or plug
 
 
 def weight_kind(w: Any) -> str:
-    """'int4', 'int8', 'int5' or 'dense': every prepared weight handle carries a ``kind`` attribute."""
+    """'int4', 'int8', 'int5', 'int6' or 'dense': every prepared weight handle carries a ``kind`` attribute."""
     return w.kind
 
 
@@ -112,6 +113,8 @@ def generic_linear(rt, x, w, out) -> None:
         rt.ops.int8_gemm(x, w, out)
     elif kind == "int5":
         rt.ops.int5_gemm(x, w, out)
+    elif kind == "int6":
+        rt.ops.int6_gemm(x, w, out)
     else:
         rt.ops.dense_gemm(x, w, out)
 

@@ -2,8 +2,8 @@
 
 The conformance kit (perfx_core.conformance) compares backends against these functions. They take plain
 host arrays, never modify their arguments and return new arrays. They share no code with any backend,
-and decode the int4, int8 and int5 formats themselves, so a mistake in a backend (or in weights.dequantize) shows up as
-a difference instead of being copied into the reference.
+and decode the int4, int8, int5 and int6 formats themselves, so a mistake in a backend (or in weights.dequantize)
+shows up as a difference instead of being copied into the reference.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .specs import AttentionSpec
-from .weights import DenseWeight, Int4Weight, Int5Weight, Int8Weight, Weight
+from .weights import DenseWeight, Int4Weight, Int5Weight, Int6Weight, Int8Weight, Weight
 
 
 def dequantize_int4(packed: np.ndarray, scale: np.ndarray, bias: np.ndarray, group_size: int) -> np.ndarray:
@@ -30,18 +30,44 @@ def dequantize_int8(codes: np.ndarray, scale: np.ndarray, group_size: int) -> np
     return codes.astype(np.float64) * scale.astype(np.float64)[:, group]
 
 
-def dequantize_int5(low: np.ndarray, high: np.ndarray, scale: np.ndarray, bias: np.ndarray) -> np.ndarray:
-    """(rows, cols) float64 values of Int5Weight arrays: column 32g + j (j < 16) is the low nibble of byte
-    16g + j, column 32g + 16 + j its high nibble, each plus 16 where bit j (resp. 16 + j) of high[g] is set."""
+def _split_codes(low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """(rows, cols) float64 codes of Int5Weight: column 32g + j (j < 16) is the low nibble of byte 16g + j, column
+    32g + 16 + j its high nibble, plus 16 where bit j (resp. 16 + j) of high[:, g] is set."""
     rows, half = low.shape
+    groups = 2 * half // 32
+    planes = high.shape[1] // groups
     codes = np.empty((rows, 2 * half), dtype=np.float64)
     for j in range(16):
         codes[:, j::32] = low[:, j::16] & 0x0F
         codes[:, 16 + j :: 32] = low[:, j::16] >> 4
-    for bit in range(32):
-        codes[:, bit::32] += 16.0 * ((high.astype(np.uint64) >> np.uint64(bit)) & np.uint64(1))
-    group = np.arange(2 * half) // 32
-    return codes * scale.astype(np.float64)[:, group] + bias.astype(np.float64)[:, group]
+    for p in range(planes):
+        plane = high[:, p::planes].astype(np.uint64)
+        for bit in range(32):
+            codes[:, bit::32] += float(16 << p) * ((plane >> np.uint64(bit)) & np.uint64(1))
+    return codes
+
+
+def dequantize_int5(low: np.ndarray, high: np.ndarray, scale: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """(rows, cols) float64 values of Int5Weight arrays: code * scale + bias per group of 32."""
+    group = np.arange(2 * low.shape[1]) // 32
+    return _split_codes(low, high) * scale.astype(np.float64)[:, group] + bias.astype(np.float64)[:, group]
+
+
+def dequantize_int6(ql: np.ndarray, qh: np.ndarray, sub: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """(rows, cols) float64 values of Int6Weight arrays (GGUF Q6_K's blocks, split), by the gguf library's own
+    Q6_K dequantization of the blocks they make up."""
+    from gguf import GGMLQuantizationType
+    from gguf import quants as gguf_quants
+
+    rows, blocks = d.shape
+    parts = (
+        ql.reshape(rows, blocks, 128),
+        qh.reshape(rows, blocks, 64),
+        sub.view(np.uint8).reshape(rows, blocks, 16),
+        np.ascontiguousarray(d).view(np.uint8).reshape(rows, blocks, 2),
+    )
+    raw = np.concatenate(parts, axis=2).reshape(rows, blocks * 210)
+    return gguf_quants.dequantize(raw, GGMLQuantizationType.Q6_K).astype(np.float64).reshape(rows, blocks * 256)
 
 
 def weight_values(weight: Weight) -> np.ndarray:
@@ -52,6 +78,8 @@ def weight_values(weight: Weight) -> np.ndarray:
         return dequantize_int8(weight.codes, weight.scale, weight.group_size)
     if isinstance(weight, Int5Weight):
         return dequantize_int5(weight.low, weight.high, weight.scale, weight.bias)
+    if isinstance(weight, Int6Weight):
+        return dequantize_int6(weight.ql, weight.qh, weight.sub, weight.d)
     if isinstance(weight, DenseWeight):
         return weight.data.astype(np.float64)
     raise TypeError(f"not a perfx host weight: {type(weight).__name__}")
@@ -64,11 +92,13 @@ def embedding(table: Weight, ids: np.ndarray) -> np.ndarray:
         return dequantize_int8(table.codes[ids], table.scale[ids], table.group_size)
     if isinstance(table, Int5Weight):
         return dequantize_int5(table.low[ids], table.high[ids], table.scale[ids], table.bias[ids])
+    if isinstance(table, Int6Weight):
+        return dequantize_int6(table.ql[ids], table.qh[ids], table.sub[ids], table.d[ids])
     return weight_values(table)[ids]
 
 
 def matmul(x: np.ndarray, weight: Weight) -> np.ndarray:
-    """(n, m) = x (n, k) @ w.T: int4_gemv, int4_gemm, int8_gemm, int5_gemm, dense_gemm, linear, qkv_proj and logits."""
+    """(n, m) = x (n, k) @ w.T: the int4, int8, int5 and int6 matmuls, dense_gemm, linear, qkv_proj and logits."""
     return np.asarray(x, dtype=np.float64) @ weight_values(weight).T
 
 

@@ -12,12 +12,11 @@ them on its device):
   -16..15); Q6_K (``q`` in -32..31 per 16, scaled by a float16 ``d`` times an int8 sub-scale) exactly with
   float32 scales, which hold every such product. Only
   runtimes that list "int8" in ``Runtime.weight_formats`` get it; ``for_runtime`` widens it for the others.
-- ``Int5Weight``: 5-bit codes 0..31 with a float16 scale and bias per group of 32: ``w = q * scale + bias``,
-  kept in GGML's own split (the low 4 bits of the 32 codes in 16 bytes, the fifth bits in one uint32), so GGUF
-  Q5_0 (``bias = -16 d``) and Q5_1 (``bias = m``) are their blocks' bytes rearranged, bit for bit, at the file's
-  size give or take a float16 per group; Q5_K lands here with ``d * sc`` and ``-dmin * m`` rounded to float16.
-  Runtimes without "int5" in ``Runtime.weight_formats`` get Q5_0 as an Int8Weight (exact) and the others as
-  float16 (``for_runtime``).
+- ``Int5Weight`` and ``Int6Weight`` (perfx_core.split_weights): 5- and 6-bit codes kept in GGML's own split of low
+  nibbles and high bits. Int5: a float16 scale and bias per 32, GGUF Q5_0 (``bias = -16 d``) and Q5_1
+  (``bias = m``) bit for bit, Q5_K with ``d * sc`` and ``-dmin * m`` rounded to float16. Int6: GGUF Q6_K's blocks
+  exactly, its int8 sub-scale per 16 and float16 ``d`` per 256. Runtimes without "int5" / "int6" in
+  ``Runtime.weight_formats`` get Q5_0 and Q6_K as Int8Weight (exact) and Q5_1 / Q5_K as float16 (``for_runtime``).
 - ``DenseWeight``: float32 or float16 values (GGUF F32/F16/BF16 land here without loss).
 
 A fused matrix (QKV, gate|up) whose parts no one format holds exactly is a ``RowParts`` of them (concat_rows).
@@ -29,11 +28,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 from .errors import InvalidArgumentError
+from .split_weights import INT6_SUB, SPLIT_GROUP, Int5Weight, Int6Weight, int6_codes, split_codes, split_rows
 
 SUPPORTED_GROUP_SIZES = (32, 64, 128)
 INT8_GROUP_SIZES = (16, *SUPPORTED_GROUP_SIZES)  # 16: Q6_K's sub-blocks
@@ -102,44 +102,6 @@ class Int8Weight:
         return self.codes.nbytes + self.scale.nbytes
 
 
-INT5_GROUP = 32
-
-
-@dataclass(frozen=True)
-class Int5Weight:
-    low: np.ndarray  # uint8 (rows, cols // 2): per group of 32, byte j holds column j (low nibble) and j + 16 (high)
-    high: np.ndarray  # little-endian uint32 (rows, cols // 32): bit j is column j's fifth bit
-    scale: np.ndarray  # float16 (rows, cols // 32)
-    bias: np.ndarray  # float16 (rows, cols // 32)
-    group_size: int = INT5_GROUP  # always 32, as GGML's 5-bit blocks
-
-    def __post_init__(self) -> None:
-        rows, half = self.low.shape
-        groups = 2 * half // INT5_GROUP
-        if (self.low.dtype, self.high.dtype.str, self.scale.dtype, self.bias.dtype) != (
-            np.uint8,
-            "<u4",
-            np.float16,
-            np.float16,
-        ):
-            raise InvalidArgumentError("Int5Weight wants low uint8, high little-endian uint32, scale and bias float16")
-        if self.group_size != INT5_GROUP or (2 * half) % INT5_GROUP:
-            raise InvalidArgumentError(f"Int5Weight has groups of {INT5_GROUP} columns; got {2 * half} columns")
-        if any(a.shape != (rows, groups) for a in (self.high, self.scale, self.bias)):
-            raise InvalidArgumentError(
-                f"high/scale/bias shapes {self.high.shape}/{self.scale.shape}/{self.bias.shape} do not match "
-                f"({rows}, {groups})"
-            )
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.low.shape[0], self.low.shape[1] * 2
-
-    @property
-    def nbytes(self) -> int:
-        return self.low.nbytes + self.high.nbytes + self.scale.nbytes + self.bias.nbytes
-
-
 @dataclass(frozen=True)
 class DenseWeight:
     data: np.ndarray  # float32 or float16 (rows, cols)
@@ -180,7 +142,7 @@ class BlockWeight:
         return sum(p.nbytes for p in self.parts)
 
 
-Weight = Int4Weight | Int8Weight | Int5Weight | DenseWeight | BlockWeight
+Weight = Int4Weight | Int8Weight | Int5Weight | Int6Weight | DenseWeight | BlockWeight
 
 
 @dataclass(frozen=True)
@@ -208,7 +170,7 @@ def for_runtime(
     weight: Weight | RowParts, block_formats: frozenset[str], weight_formats: frozenset[str] = frozenset()
 ) -> Weight | RowParts:
     """``weight`` (a Weight or RowParts) in a form a runtime can take: one that converts ``block_formats`` itself
-    and has the ops of ``weight_formats`` (``Runtime.weight_formats``: "int8", "int5")."""
+    and has the ops of ``weight_formats`` (``Runtime.weight_formats``: "int8", "int5", "int6")."""
     if isinstance(weight, RowParts):
         # Parts converted to one format fuse again (a Q5_0 q|k next to a Q8_0 v: one int8 matrix where int5 is not
         # taken).
@@ -217,6 +179,10 @@ def for_runtime(
         return weight.as_int4()
     if isinstance(weight, Int5Weight) and "int5" not in weight_formats:
         weight = int5_for_others(weight)
+    if isinstance(weight, Int6Weight) and "int6" not in weight_formats:
+        codes = int6_codes(weight.ql, weight.qh).view(np.int8)
+        codes -= 32  # 0..63 -> -32..31
+        weight = Int8Weight(codes, weight.scales(), INT6_SUB, "float16")  # GGUF Q6_K's int8 form, exact
     if isinstance(weight, Int8Weight) and "int8" not in weight_formats:
         return as_dense(weight)
     return weight
@@ -226,14 +192,14 @@ def int5_for_others(weight: Int5Weight) -> Int8Weight | DenseWeight:
     """An int5 weight for a runtime without int5 ops: an Int8Weight of codes - 16 where every bias is -16 times its
     scale (GGUF Q5_0: exact), else its values in float16."""
     if np.array_equal(weight.bias, (weight.scale.astype(np.float32) * np.float32(-16.0)).astype(np.float16)):
-        codes = int5_codes(weight.low, weight.high)
+        codes = split_codes(weight.low, weight.high)
         codes -= 16  # 0..31 -> -16..15: no wrap
-        return Int8Weight(codes.view(np.int8), weight.scale, INT5_GROUP, "float16")
+        return Int8Weight(codes.view(np.int8), weight.scale, SPLIT_GROUP, "float16")
     rows, cols = weight.shape
     out = np.empty((rows, cols), np.float16)
     step = max(1, (1 << 20) // cols)
     for r0 in range(0, rows, step):
-        out[r0 : r0 + step] = int5_rows(weight, slice(r0, r0 + step))
+        out[r0 : r0 + step] = split_rows(weight, slice(r0, r0 + step))
     return DenseWeight(out)
 
 
@@ -258,42 +224,6 @@ def int8_rows(weight: Int8Weight, rows: slice | np.ndarray, out: np.ndarray | No
     groups = out.view()
     groups.shape = (n, cols // g, g)  # raises, rather than writing a copy, if out cannot be viewed so
     np.multiply(codes.reshape(n, -1, g), scale.astype(np.float32)[:, :, None], out=groups)
-    return out
-
-
-def int5_codes(low: np.ndarray, high: np.ndarray) -> np.ndarray:
-    """Int5Weight's codes 0..31 in column order, uint8 (rows, cols), from its low nibbles and fifth bits."""
-    rows, half = low.shape
-    groups = 2 * half // INT5_GROUP
-    nibbles = low.reshape(rows, groups, 16)
-    codes = np.empty((rows, groups, INT5_GROUP), np.uint8)
-    codes[:, :, :16] = nibbles & 0x0F
-    codes[:, :, 16:] = nibbles >> 4
-    bits = np.unpackbits(np.ascontiguousarray(high).view(np.uint8).reshape(rows, groups, 4), axis=2, bitorder="little")
-    codes |= bits << 4
-    return codes.reshape(rows, 2 * half)
-
-
-def pack_int5(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Codes 0..31, (rows, cols) with cols a multiple of 32, -> Int5Weight's (low, high)."""
-    codes = np.asarray(codes, dtype=np.uint8)
-    rows, cols = codes.shape
-    groups = codes.reshape(rows, cols // INT5_GROUP, INT5_GROUP)
-    low = (groups[:, :, :16] & 0x0F) | ((groups[:, :, 16:] & 0x0F) << 4)
-    bits = np.packbits(groups >> 4, axis=2, bitorder="little")  # (rows, groups, 4) bytes of each uint32
-    return low.reshape(rows, cols // 2), np.ascontiguousarray(bits).view("<u4").reshape(rows, cols // INT5_GROUP)
-
-
-def int5_rows(weight: Int5Weight, rows: slice | np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """float32 values of some rows of an int5 weight (a slice or an index array), into ``out`` if given."""
-    codes = int5_codes(weight.low[rows], weight.high[rows])
-    n, cols = codes.shape
-    if out is None:
-        out = np.empty((n, cols), dtype=np.float32)
-    groups = out.view()
-    groups.shape = (n, cols // INT5_GROUP, INT5_GROUP)  # raises, rather than writing a copy, if out cannot be viewed
-    np.multiply(codes.reshape(groups.shape), weight.scale[rows].astype(np.float32)[:, :, None], out=groups)
-    groups += weight.bias[rows].astype(np.float32)[:, :, None]
     return out
 
 
@@ -322,8 +252,8 @@ def dequantize(weight: Weight | RowParts, dtype: type = np.float32) -> np.ndarra
         return weight.data.astype(dtype, copy=False)
     if isinstance(weight, Int8Weight):
         return int8_rows(weight, slice(None)).astype(dtype, copy=False)
-    if isinstance(weight, Int5Weight):
-        return int5_rows(weight, slice(None)).astype(dtype, copy=False)
+    if isinstance(weight, Int5Weight | Int6Weight):
+        return split_rows(weight, slice(None)).astype(dtype, copy=False)
     rows, cols = weight.shape
     g = weight.group_size
     q = unpack_int4(weight.packed).reshape(rows, cols // g, g).astype(np.float32)
@@ -380,8 +310,10 @@ def concat_rows(weights: list[Weight]) -> Weight | RowParts:
             group,
             "float16" if all(w.dense_dtype == "float16" for w in weights) else "float32",  # type: ignore[union-attr]
         )
-    if all(isinstance(w, Int5Weight) for w in weights):
-        return Int5Weight(*(np.concatenate([getattr(w, a) for w in weights]) for a in ("low", "high", "scale", "bias")))
+    for split in (Int5Weight, Int6Weight):
+        if all(isinstance(w, split) for w in weights):
+            names = [f.name for f in fields(split) if f.init and f.name != "group_size"]
+            return split(*(np.concatenate([getattr(w, name) for w in weights]) for name in names))
     if all(isinstance(w, Int4Weight) for w in weights) and len({w.group_size for w in weights}) == 1:  # type: ignore[union-attr]
         return Int4Weight(
             np.concatenate([w.packed for w in weights]),  # type: ignore[union-attr]
@@ -413,6 +345,8 @@ def _format_key(w: Weight) -> tuple:
         return ("int8",)
     if isinstance(w, Int5Weight):
         return ("int5",)
+    if isinstance(w, Int6Weight):
+        return ("int6",)
     return ("dense", w.data.dtype.str)
 
 
@@ -429,8 +363,9 @@ def take_rows(weight: Weight, order: np.ndarray) -> Weight:
             weight.group_size,
             weight.dense_dtype,
         )
-    if isinstance(weight, Int5Weight):
-        return Int5Weight(*(np.ascontiguousarray(getattr(weight, a)[order]) for a in ("low", "high", "scale", "bias")))
+    if isinstance(weight, Int5Weight | Int6Weight):
+        arrays = [getattr(weight, f.name) for f in fields(weight) if f.init and f.name != "group_size"]
+        return type(weight)(*(np.ascontiguousarray(a[order]) for a in arrays))
     return Int4Weight(
         np.ascontiguousarray(weight.packed[order]),
         np.ascontiguousarray(weight.scale[order]),

@@ -28,11 +28,12 @@ from perfx_core.weights import (
     DenseWeight,
     Int4Weight,
     Int5Weight,
+    Int6Weight,
     Int8Weight,
     concat_rows,
     dequantize,
     for_runtime,
-    int5_codes,
+    split_codes,
 )
 
 LOSSLESS = ("F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1")
@@ -249,7 +250,7 @@ def test_q5_k_keeps_its_codes(tmp_path: Path):
     want = ((qs >> np.array([0, 4], np.uint8).reshape(2, 1)) & 15).reshape(*blocks.shape[:2], 8, 32)
     want |= ((qh >> np.arange(8, dtype=np.uint8).reshape(8, 1)) & 1) << 4
     w = loaded_tensors(weights)["blk.0.ffn_up.weight"]
-    np.testing.assert_array_equal(int5_codes(w.low, w.high), want.reshape(w.shape))
+    np.testing.assert_array_equal(split_codes(w.low, w.high), want.reshape(w.shape))
     assert w.nbytes <= gf.tensors["blk.0.ffn_up.weight"].nbytes * 1.1
 
 
@@ -274,23 +275,47 @@ def test_k_quants_load_with_their_own_codes(tmp_path: Path, tensor_type: str, ki
         assert nmse < 1e-6, (name, nmse)
 
 
-def test_q6_k_loads_exactly_as_int8_group_16(tmp_path: Path):
-    """Q6_K is int8 codes -32..31 per 16 values times d * sub-scale: it loads as an Int8Weight with those codes
-    and float32 scales, without a warning, and equal to the file's values (un-permuted rows included)."""
-    import warnings
+@pytest.mark.parametrize(
+    "tensor_type, form", [("Q5_0", Int8Weight), ("Q5_1", DenseWeight), ("Q6_K", Int8Weight)], ids=str
+)
+def test_a_runtime_without_split_formats_gets_what_it_takes_in_one_pass(tmp_path: Path, tensor_type: str, form):
+    """Loading for a runtime that takes int8 but not int5 / int6 (OpenCL) converts Q5_0 and Q6_K straight to int8
+    and Q5_1 to float16 (with the widening note), the same values for_runtime gives from the int5 / int6 forms."""
+    model = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type=tensor_type, tied=False, **sizes_for(tensor_type))
+    _, split, _ = load_llama_gguf(model.path)
+    with warnings.catch_warnings(record=True):
+        _, direct, _ = load_llama_gguf(model.path, weight_formats=frozenset({"int8"}))
+    assert bool(direct.notes) == (form is DenseWeight)
+    for name, w in loaded_tensors(direct).items():
+        if isinstance(w, np.ndarray):
+            continue
+        assert isinstance(w, form), name
+        converted = for_runtime(loaded_tensors(split)[name], frozenset(), frozenset({"int8"}))
+        np.testing.assert_array_equal(dequantize(w), dequantize(converted), err_msg=name)
 
+
+def test_q6_k_loads_exactly_as_int6(tmp_path: Path):
+    """Q6_K is codes 0..63 times d * sub-scale, centred: it loads as an Int6Weight holding its codes, int8 sub-scales
+    and float16 d as stored, in the file's bytes, without a warning, equal to the file's values (un-permuted rows
+    included); a runtime without int6 gets the same values exactly as an Int8Weight with float32 scales per 16."""
     model = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type="Q6_K", tied=False, **sizes_for("Q6_K"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _, weights, _ = load_llama_gguf(model.path)
+        _, weights, gf = load_llama_gguf(model.path)
     assert weights.notes == []
     for name, w in loaded_tensors(weights).items():
         if isinstance(w, np.ndarray):
             continue  # the norm vectors
-        assert isinstance(w, Int8Weight) and w.group_size == 16 and w.scale.dtype == np.float32, name
-        assert w.codes.min() >= -32 and w.codes.max() <= 31, name
-        assert w.nbytes == w.codes.size * 1.25, name  # one byte per code, four per 16 codes' scale
+        assert isinstance(w, Int6Weight), name
+        assert w.nbytes == gf.tensors[name].nbytes, name  # 210 bytes per 256 values, as the file
         np.testing.assert_array_equal(dequantize(w), model.expected[name], err_msg=name)
+        as_int8 = for_runtime(w, frozenset(), frozenset({"int8"}))
+        assert isinstance(as_int8, Int8Weight) and as_int8.group_size == 16 and as_int8.scale.dtype == np.float32
+        np.testing.assert_array_equal(dequantize(as_int8), model.expected[name], err_msg=name)
+    blocks = _stored_blocks(gf, "blk.0.ffn_up.weight", 210, None)
+    w = loaded_tensors(weights)["blk.0.ffn_up.weight"]
+    np.testing.assert_array_equal(w.sub.view(np.uint8).reshape(blocks.shape[:2] + (16,)), blocks[:, :, 192:208])
+    np.testing.assert_array_equal(w.d.view(np.uint8).reshape(blocks.shape[:2] + (2,)), blocks[:, :, 208:])
 
 
 def test_q4_k_unpermutes_q_and_k(tmp_path: Path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from perfx_core.weights import Int4Weight, Int5Weight, Int8Weight, int5_rows, int8_rows, unpack_int4
+from perfx_core.weights import Int4Weight, Int5Weight, Int6Weight, Int8Weight, int8_rows, split_rows, unpack_int4
 
 # float32 bytes of the block of rows int8_gemm converts at a time (measured on SmolLM2's 49152 x 576 LM head, one
 # token: 1 MiB 10.6 ms, 4 MiB 9.4 ms, 16 MiB 22.9 ms, past the caches).
@@ -15,8 +15,8 @@ def embedding(rt, table, ids, out):
     weight = table.weight
     if isinstance(weight, Int8Weight):
         int8_rows(weight, ids, out)  # only the looked-up rows, never the whole table
-    elif isinstance(weight, Int5Weight):
-        int5_rows(weight, ids, out)
+    elif isinstance(weight, Int5Weight | Int6Weight):
+        split_rows(weight, ids, out)
     elif isinstance(weight, Int4Weight):
         # Dequantize only the looked-up rows: the table can be the largest matrix of the model.
         rows = len(ids)
@@ -72,16 +72,20 @@ def int8_gemm(rt, x, w, out):
             np.matmul(x, block.T, out=out[:, r0:r1])
 
 
-def int5_gemm(rt, x, w, out):
-    """out = x @ W.T a block of rows at a time, as int8_gemm: the int5 weight plus one reused float32 buffer."""
+def split_gemm(rt, x, w, out):
+    """int5_gemm and int6_gemm: out = x @ W.T a block of rows at a time, as int8_gemm: the weight plus one reused
+    float32 buffer."""
     weight = w.weight
     m, k = weight.shape
     rows = max(1, min(m, INT8_BLOCK_BYTES // (4 * k)))
-    values = rt.scratch("numpy.int5_gemm", (rows, k))
+    values = rt.scratch("numpy.split_gemm", (rows, k))
     for r0 in range(0, m, rows):
         r1 = min(m, r0 + rows)
-        block = int5_rows(weight, slice(r0, r1), values[: r1 - r0])
+        block = split_rows(weight, slice(r0, r1), values[: r1 - r0])
         _matmul(x, block, out[:, r0:r1])
+
+
+int5_gemm = int6_gemm = split_gemm
 
 
 def rmsnorm(rt, x, weight, eps, out):

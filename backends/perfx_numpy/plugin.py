@@ -17,5 +17,6 @@ def perfx_register_backends(register):
 @hookimpl(trylast=True)
 def perfx_register_ops(register):
     # Every primitive op, and the ops of the weight formats its runtime takes (NumpyRuntime.weight_formats).
-    for name in PRIMITIVE_OPS + ops.FAMILY_OPS + FORMAT_OPS["int8"] + FORMAT_OPS["int5"] + ("write_columns",):
+    formats = tuple(op for f in ("int8", "int5", "int6") for op in FORMAT_OPS[f])
+    for name in PRIMITIVE_OPS + ops.FAMILY_OPS + formats + ("write_columns",):
         register("numpy", name, getattr(ops, name), priority=0)

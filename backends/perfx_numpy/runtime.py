@@ -1,5 +1,5 @@
 """NumPy runtime: tensors are NumPy arrays; int4 weights are kept packed and dequantized lazily on first use, int8
-and int5 weights stay as they are (their matmul dequantizes a block of rows at a time)."""
+int5 and int6 weights stay as they are (their matmul dequantizes a block of rows at a time)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import psutil
 
 from perfx_core.backend import Backend, DeviceInfo, KVCacheSpec, Runtime
 from perfx_core.errors import BackendError
-from perfx_core.weights import DenseWeight, Int4Weight, Int5Weight, Int8Weight, Weight, dequantize
+from perfx_core.weights import DenseWeight, Int4Weight, Int5Weight, Int6Weight, Int8Weight, Weight, dequantize
 
 
 @dataclass(eq=False)
@@ -36,7 +36,7 @@ class NumpyWeight:
     def __post_init__(self) -> None:
         weight = self._weight
         self.shape: tuple[int, int] = weight.shape
-        kinds = ((Int4Weight, "int4"), (Int8Weight, "int8"), (Int5Weight, "int5"))
+        kinds = ((Int4Weight, "int4"), (Int8Weight, "int8"), (Int5Weight, "int5"), (Int6Weight, "int6"))
         self.kind = next((kind for cls, kind in kinds if isinstance(weight, cls)), "dense")
 
     @property
@@ -67,7 +67,7 @@ class NumpyKVCache:
 
 class NumpyRuntime(Runtime):
     backend_name = "numpy"
-    weight_formats = frozenset({"int8", "int5"})
+    weight_formats = frozenset({"int8", "int5", "int6"})
 
     def __init__(self, device: DeviceInfo):
         self.device = device
@@ -125,6 +125,8 @@ class NumpyRuntime(Runtime):
             arrays = (weight.codes, weight.scale)
         elif isinstance(weight, Int5Weight):
             arrays = (weight.low, weight.high, weight.scale, weight.bias)
+        elif isinstance(weight, Int6Weight):
+            arrays = (weight.ql, weight.qh, weight.sub, weight.d)
         else:
             arrays = (weight.packed, weight.scale, weight.bias)
         for array in arrays:

@@ -11,6 +11,8 @@
 - ``int5_gemm`` (GGUF Q5_0 / Q5_1 / Q5_K as loaded, weights.Int5Weight) with n <= INT8_MAX_N: x rounded to int16
   per group of 32 and each group's codes built from its nibbles and fifth bits in registers (vector_dot.int5_rows_dot);
   larger n: blocks of rows dequantized for BLAS.
+- ``int6_gemm`` (GGUF Q6_K as loaded, weights.Int6Weight): the same on Q6_K's own layout, codes centred, an int8
+  sub-scale per 16 columns times a float16 d per 256 (vector_dot.int6_rows_dot).
 - ``int8_gemm`` (int8 codes, a scale per group: GGUF Q8_0 in float16, e.g. SmolLM2's tied
   embedding/output, Q6_K in float32) with n <= INT8_MAX_N: a kernel on the weight's own arrays (no copy),
   4x less memory traffic than a float32 sgemv. With groups of 16 or 32 columns (every GGUF type) x is rounded
@@ -282,30 +284,44 @@ def int8_gemm(rt, x, w, out) -> None:
         _matmul(x, block.T, out[:, r0:r1])
 
 
-def int5_gemm(rt, x, w, out) -> None:
-    weight = w.weight
+def _split_gemm(rt, x, out, arrays, quantize, per_group, kernels, dequantizers) -> None:
+    """out = x @ W.T for an int5 or int6 weight given as its kernel arrays (float16 ones as int16 bits): up to
+    INT8_MAX_N rows, x rounded to int16 by ``quantize(x, xq, *float32 arrays of one value per 32 columns)``
+    (``per_group`` of them: its steps, and for int5 its sums) and the integer kernel (``kernels``: parallel,
+    serial); beyond, or where x is not finite, blocks of rows dequantized for BLAS."""
     x = _f32(x)
-    n = x.shape[0]
-    m, k = weight.shape
-    scales, biases = weight.scale.view(np.int16), weight.bias.view(np.int16)  # looked up in F16, as int8_gemm's
+    n, k = x.shape
+    m = out.shape[1]
     if n <= INT8_MAX_N:
-        padded = n if n < 3 else -(-n // K.TILE) * K.TILE  # whole tiles of rows (kernels.int5_matvec_int16)
+        padded = n if n < 3 else -(-n // K.TILE) * K.TILE  # whole tiles of rows
         xq = np.zeros((padded, k), dtype=np.int16)
-        xs = np.zeros((padded, k // 32), dtype=np.float32)
-        sums = np.zeros((padded, k // 32), dtype=np.float32)
-        if K.quantize_x_int5(x, xq, xs, sums):
-            args = (weight.low, weight.high, scales, biases, F16, xq, xs, sums, out)
-            _run(K.int5_matvec_int16, K.int5_matvec_int16_serial, n * m * k, *args)
+        groups = [np.zeros((padded, k // 32), dtype=np.float32) for _ in range(per_group)]
+        if quantize(x, xq, *groups):
+            _run(*kernels, n * m * k, *arrays, F16, xq, *groups, out)
             return
         # x holds an infinity or NaN: the float path below propagates it as the contract asks
     rows = max(1, min(m, INT8_TILE_BYTES // (4 * k)))
-    tile = rt.scratch("numba_cpu.int5_tile", (rows, k))
-    dequantize = K.int5_dequantize if PARALLEL_MODE == "always" else K.int5_dequantize_serial
+    tile = rt.scratch("numba_cpu.split_tile", (rows, k))
+    dequantize = dequantizers[0] if PARALLEL_MODE == "always" else dequantizers[1]
     for r0 in range(0, m, rows):
         r1 = min(m, r0 + rows)
         block = tile[: r1 - r0]
-        dequantize(weight.low[r0:r1], weight.high[r0:r1], scales[r0:r1], biases[r0:r1], F16, block)
+        dequantize(*(a[r0:r1] for a in arrays), F16, block)
         _matmul(x, block.T, out[:, r0:r1])
+
+
+def int5_gemm(rt, x, w, out) -> None:
+    weight = w.weight
+    arrays = (weight.low, weight.high, weight.scale.view(np.int16), weight.bias.view(np.int16))
+    kernels = (K.int5_matvec_int16, K.int5_matvec_int16_serial)
+    _split_gemm(rt, x, out, arrays, K.quantize_x_int5, 2, kernels, (K.int5_dequantize, K.int5_dequantize_serial))
+
+
+def int6_gemm(rt, x, w, out) -> None:
+    weight = w.weight
+    arrays = (weight.ql, weight.qh, weight.sub, weight.d.view(np.int16))
+    kernels = (K.int6_matvec_int16, K.int6_matvec_int16_serial)
+    _split_gemm(rt, x, out, arrays, K.quantize_x_int6, 1, kernels, (K.int6_dequantize, K.int6_dequantize_serial))
 
 
 def linear(rt, x, w, out) -> None:
@@ -316,6 +332,8 @@ def linear(rt, x, w, out) -> None:
         int8_gemm(rt, x, w, out)
     elif kind == "int5":
         int5_gemm(rt, x, w, out)
+    elif kind == "int6":
+        int6_gemm(rt, x, w, out)
     else:
         dense_gemm(rt, x, w, out)
 
@@ -403,6 +421,7 @@ OPS = {
     "dense_gemm": dense_gemm,
     "int8_gemm": int8_gemm,
     "int5_gemm": int5_gemm,
+    "int6_gemm": int6_gemm,
     "rmsnorm": rmsnorm,
     "add_rmsnorm": add_rmsnorm,
     "silu_mul": silu_mul,

@@ -24,6 +24,7 @@ from .vector_dot import (
     halves_to_floats,
     int4_pairs_dot,
     int5_rows_dot,
+    int6_rows_dot,
     scaled_accumulate,
     scaled_rows_dot,
 )
@@ -503,6 +504,23 @@ int5_dot_row = int5_rows_dot(1)
 int5_dot_tile = int5_rows_dot(TILE)
 
 
+@njit(inline="always", fastmath=FM, cache=True, nogil=True)
+def _group_step(xr, g, xs_row):
+    """Group g (32 columns) of the row xr: its int16 step max |x| / 32767 into xs_row[g] (0 below 1e-30, where 1 / s
+    would overflow), and 1 / step (0 for a zero step); -1 where the group holds an infinity or NaN."""
+    amax = F32(0.0)
+    for i in range(32 * g, 32 * g + 32):
+        v = xr[i]
+        if v != v:  # NaN (max() would skip it)
+            return F32(-1.0)
+        amax = max(amax, abs(v))
+    if not math.isfinite(amax):
+        return F32(-1.0)
+    s = amax / INT16_STEP if amax >= F32(1e-30) else F32(0.0)
+    xs_row[g] = s
+    return F32(0.0) if s == 0 else F32(1.0) / s
+
+
 @njit(fastmath=FM, cache=True, nogil=True)
 def quantize_x_int5(x, xq, xs, sums):
     """quantize_x_int16 with groups of 32 for int5_rows_dot: xq in the column order the kernel reads, each pair
@@ -514,20 +532,13 @@ def quantize_x_int5(x, xq, xs, sums):
     for j in range(n):
         xr = x[j]
         for g in range(groups):
-            amax = F32(0.0)
+            inv = _group_step(xr, g, xs[j])
+            if inv < 0:
+                return False
             total = F32(0.0)
             for i in range(32 * g, 32 * g + 32):
-                v = xr[i]
-                if v != v:  # NaN (max() would skip it)
-                    return False
-                amax = max(amax, abs(v))
-                total += v
-            if not math.isfinite(amax):
-                return False
+                total += xr[i]
             sums[j, g] = total
-            s = amax / INT16_STEP if amax >= F32(1e-30) else F32(0.0)
-            xs[j, g] = s
-            inv = F32(0.0) if s == 0 else F32(1.0) / s
             paired = g < groups - groups % 2
             base = 64 * (g // 2) + 8 * (g % 2) if paired else 32 * g
             for c in range(32):
@@ -568,6 +579,60 @@ def int5_dequantize(low, high, scales, biases, f16, dst):
                 byte = lr[16 * g + j]
                 drow[32 * g + j] = F32((byte & 15) | (((h >> j) & 1) << 4)) * s + b
                 drow[32 * g + 16 + j] = F32((byte >> 4) | (((h >> (j + 16)) & 1) << 4)) * s + b
+
+
+# -- int6: GGUF Q6_K (weights.Int6Weight), an int8 sub-scale per 16 columns and a float16 d per 256 ----------
+int6_dot_row = int6_rows_dot(1)
+int6_dot_tile = int6_rows_dot(TILE)
+
+
+@njit(fastmath=FM, cache=True, nogil=True)
+def quantize_x_int6(x, xq, xs):
+    """quantize_x_int16 with groups of 32 for int6_rows_dot: each group's columns stored as 0-7, 16-23, 8-15,
+    24-31 (the order the kernel's sign-extending interleave leaves the codes in). False where a group holds an
+    infinity or NaN."""
+    n, k = x.shape
+    for j in range(n):
+        xr = x[j]
+        for g in range(k // 32):
+            inv = _group_step(xr, g, xs[j])
+            if inv < 0:
+                return False
+            for c in range(32):
+                quarter = c // 8
+                slot = quarter if quarter % 3 == 0 else 3 - quarter  # 0, 2, 1, 3: quarters 1 and 2 swap places
+                xq[j, 32 * g + 8 * slot + c % 8] = np.int16(round(xr[32 * g + c] * inv))
+    return True
+
+
+@njit(parallel=True, fastmath=FM, cache=True, nogil=True)
+def int6_matvec_int16(ql, qh, sub, d, f16, xq, xs, out):
+    """out (n, m) = x @ W.T for an Int6Weight (d as float16 bits viewed as int16), from x as quantize_x_int6
+    leaves it; rows of x TILE at a time from three on, as int5_matvec_int16."""
+    m = ql.shape[0]
+    n = out.shape[0]
+    if n < 3:
+        for r in prange(m):
+            for j in range(n):
+                int6_dot_row(ql[r], qh[r], sub[r], d[r], f16, xq, xs, j, out, r)
+    else:
+        for r in prange(m):
+            for j0 in range(0, n, TILE):
+                int6_dot_tile(ql[r], qh[r], sub[r], d[r], f16, xq, xs, j0, out, r)
+
+
+@njit(parallel=True, fastmath=FM, cache=True, nogil=True)
+def int6_dequantize(ql, qh, sub, d, f16, dst):
+    """dst (rows, k) float32 = the first rows of an Int6Weight, for BLAS: (q - 32) * d * sub, exact."""
+    rows, k = dst.shape
+    for r in prange(rows):
+        lr, hr, drow = ql[r], qh[r], dst[r]
+        for c in range(k):
+            h, e = c // 128, c % 128
+            nibble = (lr[64 * h + e % 64] >> (4 * (e // 64))) & 15
+            pair = (hr[32 * h + e % 32] >> (2 * (e // 32))) & 3
+            scale = f16[d[r, c // 256]] * F32(sub[r, c // 16])
+            drow[c] = F32(np.int64(nibble | (pair << 4)) - 32) * scale
 
 
 # -- norms and activation ---------------------------------------------------------------------------------
@@ -874,3 +939,5 @@ int4_dequantize_t_serial = _twin(int4_dequantize_t, "int4_dequantize_t_serial")
 attention_decode_serial = _twin(attention_decode, "attention_decode_serial")
 int5_matvec_int16_serial = _twin(int5_matvec_int16, "int5_matvec_int16_serial")
 int5_dequantize_serial = _twin(int5_dequantize, "int5_dequantize_serial")
+int6_matvec_int16_serial = _twin(int6_matvec_int16, "int6_matvec_int16_serial")
+int6_dequantize_serial = _twin(int6_dequantize, "int6_dequantize_serial")

@@ -106,6 +106,38 @@ def scaled_rows_dot(lanes: int, tile: int):
     return scaled_dot
 
 
+def _pair_sums(builder, codes, acts):
+    """16 codes (int32 lanes) times 16 int16 activations with neighbouring products added: 8 int32 lanes, which LLVM
+    lowers to vpmaddwd (the split formats' kernels)."""
+    i32 = ir.IntType(32)
+    product = builder.mul(codes, builder.sext(acts, codes.type))
+    even = ir.Constant(ir.VectorType(i32, 8), list(range(0, 16, 2)))
+    odd = ir.Constant(ir.VectorType(i32, 8), list(range(1, 16, 2)))
+    return builder.add(builder.shuffle_vector(product, product, even), builder.shuffle_vector(product, product, odd))
+
+
+def _interleaves():
+    """The index vectors of vpunpcklbw (u = 0) and vpunpckhbw (u = 1) of 32-byte vectors a and b: per 128-bit half
+    L, the pairs (a, b) of bytes 16L + 8u .. 16L + 8u + 7, i.e. int16 words of bytes 0-7 then 16-23 (u = 0) or 8-15
+    then 24-31 (u = 1) of a, widened by b (zeros, or sign bytes)."""
+    return [
+        ir.Constant(
+            ir.VectorType(ir.IntType(32), 32),
+            [v for lane in (0, 1) for i in range(8) for v in (16 * lane + 8 * u + i, 32 + 16 * lane + 8 * u + i)],
+        )
+        for u in (0, 1)
+    ]
+
+
+def _halves_splat(builder, first, second):
+    """An 8-lane float vector of ``first`` in lanes 0-3 and ``second`` in 4-7 (one factor per 128-bit half)."""
+    f32, i32 = ir.FloatType(), ir.IntType(32)
+    two = ir.Constant(ir.VectorType(f32, 2), ir.Undefined)
+    for lane, value in enumerate((first, second)):
+        two = builder.insert_element(two, value, ir.Constant(i32, lane))
+    return builder.shuffle_vector(two, two, ir.Constant(ir.VectorType(i32, 8), [0, 0, 0, 0, 1, 1, 1, 1]))
+
+
 def int5_rows_dot(tile: int):
     """An intrinsic ``(low, high, scales, biases, f16, xq, xs, sums, j0, out, r)``: out[j0 + j, r] = the dot of one
     row of an Int5Weight with rows j0 + j of x, for j < ``tile`` and j0 + j < len(out).
@@ -154,8 +186,6 @@ def int5_rows_dot(tile: int):
             x_rows = [builder.add(args[8], ir.Constant(intp, j)) for j in range(tile)]
             bytes16, wide = ir.VectorType(i8, 16), ir.VectorType(i32, 16)
             sums_t = ir.VectorType(f32, 8)
-            even = ir.Constant(ir.VectorType(i32, 8), list(range(0, 16, 2)))
-            odd = ir.Constant(ir.VectorType(i32, 8), list(range(1, 16, 2)))
             splat = ir.Constant(ir.VectorType(i32, 8), [0] * 8)
             nibble, shift = ir.Constant(bytes16, [15] * 16), ir.Constant(bytes16, [4] * 16)
             sixteen, zero = ir.Constant(bytes16, [16] * 16), ir.Constant(bytes16, [0] * 16)
@@ -167,12 +197,6 @@ def int5_rows_dot(tile: int):
 
             def half_value(data, g):
                 return builder.load(builder.gep(table, [builder.zext(builder.load(builder.gep(data, [g])), i32)]))
-
-            def pair_sums(codes, acts):
-                product = builder.mul(codes, builder.sext(acts, wide))
-                return builder.add(
-                    builder.shuffle_vector(product, product, even), builder.shuffle_vector(product, product, odd)
-                )
 
             def one_group(g):
                 at = builder.gep(low_d, [builder.mul(g, ir.Constant(g.type, 16))])
@@ -191,7 +215,7 @@ def int5_rows_dot(tile: int):
                     acts = [builder.load(builder.gep(x_pointer, [ir.Constant(i32, h)]), align=2) for h in (0, 1)]
                     # Both halves' pair sums added in integers (each under 2^21): one conversion and one
                     # multiply-add per group and row of x.
-                    dots = builder.add(pair_sums(halves[0], acts[0]), pair_sums(halves[1], acts[1]))
+                    dots = builder.add(_pair_sums(builder, halves[0], acts[0]), _pair_sums(builder, halves[1], acts[1]))
                     group_at = builder.add(builder.mul(row, groups), g)
                     factor = builder.fmul(scale, builder.load(builder.gep(xs_d, [group_at])))
                     lane0 = builder.insert_element(ir.Constant(sums_t, ir.Undefined), factor, ir.Constant(i32, 0))
@@ -210,20 +234,7 @@ def int5_rows_dot(tile: int):
                 ir.Constant(ir.VectorType(i32, 32), [4 * (i // 16) + 2 * h + (i % 16) // 8 for i in range(32)])
                 for h in (0, 1)
             ]
-            # vpunpcklbw / vpunpckhbw with zero: words [group 2p's columns 8u..8u+7 | group 2p + 1's].
-            unpacks = [
-                ir.Constant(
-                    ir.VectorType(i32, 32),
-                    [
-                        v
-                        for lane in (0, 1)
-                        for i in range(8)
-                        for v in (16 * lane + 8 * u + i, 32 + 16 * lane + 8 * u + i)
-                    ],
-                )
-                for u in (0, 1)
-            ]
-            quarters = ir.Constant(ir.VectorType(i32, 8), [0, 0, 0, 0, 1, 1, 1, 1])
+            unpacks = _interleaves()  # with zeros: words [group 2p's columns 8u..8u+7 | group 2p + 1's]
 
             def group_pair(p):
                 """Groups 2p and 2p + 1 side by side, one in each 128-bit half, against x in pair order
@@ -253,15 +264,12 @@ def int5_rows_dot(tile: int):
                     dots = None
                     for q in range(4):
                         acts = builder.load(builder.gep(x_pointer, [ir.Constant(i32, q)]), align=2)
-                        part = pair_sums(words[q], acts)
+                        part = _pair_sums(builder, words[q], acts)
                         dots = part if dots is None else builder.add(dots, part)
                     at0 = builder.add(builder.mul(row, groups), g0)
                     at1 = builder.add(at0, ir.Constant(at0.type, 1))
-                    two = ir.Constant(ir.VectorType(f32, 2), ir.Undefined)
-                    for lane, (scale, at_g) in enumerate(zip(scales, (at0, at1), strict=True)):
-                        factor = builder.fmul(scale, builder.load(builder.gep(xs_d, [at_g])))
-                        two = builder.insert_element(two, factor, ir.Constant(i32, lane))
-                    factors = builder.shuffle_vector(two, two, quarters)
+                    x_scales = [builder.load(builder.gep(xs_d, [at_g])) for at_g in (at0, at1)]
+                    factors = _halves_splat(builder, *map(builder.fmul, scales, x_scales))
                     step = builder.fmul(builder.sitofp(dots, sums_t), factors, flags=["fast"])
                     builder.store(builder.fadd(builder.load(accs[j]), step, flags=["fast"]), accs[j])
                     for bias, at_g in zip(biases, (at0, at1), strict=True):
@@ -289,6 +297,136 @@ def int5_rows_dot(tile: int):
         return sig, codegen
 
     return int5_dot
+
+
+def int6_rows_dot(tile: int):
+    """An intrinsic ``(ql, qh, sub, d, f16, xq, xs, j0, out, r)``: out[j0 + j, r] = the dot of one row of an
+    Int6Weight (GGUF Q6_K: ``(q - 32) * d * sub``) with rows j0 + j of x, for j < ``tile`` and j0 + j < len(out).
+
+    ql (k/2,) and qh (k/4,) uint8, sub (k/16,) int8 and d (k/256,) int16 (float16 bits, looked up in ``f16``): the
+    row's arrays (split_weights.Int6Weight); xq (n, k) int16 and xs (n, k/32) float32: x as
+    kernels.quantize_x_int6 orders and scales it. Q6_K's layout makes each 32 columns' codes cheap: per 128 columns,
+    32-byte loads of nibbles (columns 0-31 and 32-63 low, 64-95 and 96-127 high) and of bit pairs, which one
+    uniform shift and mask puts in place for each 32. The codes, centred to -32..31, are widened with their signs
+    by interleaving (columns 0-7 and 16-23 of the 32 in one vector, 8-15 and 24-31 in the other: x is stored in
+    that order), so each vector lane sums products of one 16-column sub-scale. Codes are at most 32 and x 32767 in
+    magnitude: a lane sums four products, under 2^23."""
+
+    @intrinsic
+    def int6_dot(typingctx, ql, qh, sub, d, f16, xq, xs, j0, out, r):
+        if not all(isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C" for a in (ql, qh, sub, d, f16)):
+            return None
+        if not all(isinstance(a, types.Array) and a.ndim == 2 and a.layout == "C" for a in (xq, xs, out)):
+            return None
+        if (ql.dtype, qh.dtype, sub.dtype, d.dtype) != (types.uint8, types.uint8, types.int8, types.int16):
+            return None
+        if f16.dtype != types.float32 or xq.dtype != types.int16 or xs.dtype != types.float32:
+            return None
+        if out.dtype != types.float32:
+            return None
+        sig = types.void(ql, qh, sub, d, f16, xq, xs, types.intp, out, types.intp)
+
+        def codegen(context, builder, signature, args):
+            f32, i8, i16, i32 = ir.FloatType(), ir.IntType(8), ir.IntType(16), ir.IntType(32)
+            intp = context.get_value_type(types.intp)
+            arrays = [
+                context.make_array(t)(context, builder, a)
+                for k, (t, a) in enumerate(zip(signature.args, args, strict=True))
+                if k not in (7, 9)
+            ]
+            ql_d, qh_d, sub_d, d_d, table, x_d, xs_d, out_d = (a.data for a in arrays)
+            groups = builder.extract_value(arrays[6].shape, 1)
+            k = builder.extract_value(arrays[5].shape, 1)
+            x_rows = [builder.add(args[7], ir.Constant(intp, j)) for j in range(tile)]
+            bytes32, wide = ir.VectorType(i8, 32), ir.VectorType(i32, 16)
+            sums_t = ir.VectorType(f32, 8)
+
+            def splat(value):
+                return ir.Constant(bytes32, [value] * 32)
+
+            zero, centre = splat(0), splat(32)
+            unpacks = _interleaves()  # with sign bytes
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(sums_t, [0.0] * 8)) for _ in range(tile)]
+            fma = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(sums_t, [sums_t] * 3), "llvm.fma.v8f32"
+            )
+            # d * sub is exact; the fence keeps fast-math around the kernel from regrouping d * sub * x's scale
+            # differently in the row and the tile forms (a row's result would then depend on its batch).
+            fence = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(f32, [f32]), "llvm.arithmetic.fence.f32"
+            )
+
+            def load32(data, at):
+                return builder.load(builder.bitcast(builder.gep(data, [at]), bytes32.as_pointer()), align=1)
+
+            def half(h):
+                """Columns 128h .. 128h + 127: four groups of 32."""
+                low_a = load32(ql_d, builder.mul(h, ir.Constant(h.type, 64)))
+                low_b = load32(ql_d, builder.add(builder.mul(h, ir.Constant(h.type, 64)), ir.Constant(h.type, 32)))
+                pairs = load32(qh_d, builder.mul(h, ir.Constant(h.type, 32)))
+                nibbles = (
+                    builder.and_(low_a, splat(15)),
+                    builder.and_(low_b, splat(15)),
+                    builder.lshr(low_a, splat(4)),
+                    builder.lshr(low_b, splat(4)),
+                )
+                highs = (  # bit pair p of each byte, moved to bits 4-5
+                    builder.shl(builder.and_(pairs, splat(3)), splat(4)),
+                    builder.shl(builder.and_(pairs, splat(12)), splat(2)),
+                    builder.and_(pairs, splat(48)),
+                    builder.and_(builder.lshr(pairs, splat(2)), splat(48)),
+                )
+                d_at = builder.udiv(h, ir.Constant(h.type, 2))  # 256 columns per d
+                d_value = builder.load(builder.gep(table, [builder.zext(builder.load(builder.gep(d_d, [d_at])), i32)]))
+                for p in range(4):
+                    g = builder.add(builder.mul(h, ir.Constant(h.type, 4)), ir.Constant(h.type, p))
+                    codes = builder.sub(builder.or_(nibbles[p], highs[p]), centre)
+                    signs = builder.select(builder.icmp_signed("<", codes, zero), splat(-1), zero)
+                    words = [
+                        builder.sext(
+                            builder.bitcast(builder.shuffle_vector(codes, signs, unpacks[u]), ir.VectorType(i16, 16)),
+                            wide,
+                        )
+                        for u in (0, 1)
+                    ]
+                    subs = []
+                    for s_at in (
+                        builder.mul(g, ir.Constant(g.type, 2)),
+                        builder.add(builder.mul(g, ir.Constant(g.type, 2)), ir.Constant(g.type, 1)),
+                    ):
+                        scale = builder.fmul(d_value, builder.sitofp(builder.load(builder.gep(sub_d, [s_at])), f32))
+                        subs.append(builder.call(fence, [scale]))
+                    start = builder.mul(g, ir.Constant(g.type, 32))
+                    for j, row in enumerate(x_rows):
+                        x_at = builder.gep(x_d, [builder.add(builder.mul(row, k), start)])
+                        x_pointer = builder.bitcast(x_at, ir.VectorType(i16, 16).as_pointer())
+                        acts = [builder.load(builder.gep(x_pointer, [ir.Constant(i32, u)]), align=2) for u in (0, 1)]
+                        dots = builder.add(
+                            _pair_sums(builder, words[0], acts[0]), _pair_sums(builder, words[1], acts[1])
+                        )
+                        x_scale = builder.load(builder.gep(xs_d, [builder.add(builder.mul(row, groups), g)]))
+                        factors = _halves_splat(builder, *(builder.fmul(sub, x_scale) for sub in subs))
+                        # One explicit fma, no fast-math: a row of x gets the same bits alone and in a tile.
+                        total = builder.call(fma, [builder.sitofp(dots, sums_t), factors, builder.load(accs[j])])
+                        builder.store(total, accs[j])
+
+            with cgutils.for_range(builder, builder.udiv(k, ir.Constant(k.type, 128))) as loop:
+                half(loop.index)
+            reduce = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(f32, [f32, sums_t]), "llvm.vector.reduce.fadd.v8f32"
+            )
+            n_out = builder.extract_value(arrays[7].shape, 0)
+            m_out = builder.extract_value(arrays[7].shape, 1)
+            for j, row in enumerate(x_rows):
+                # In lane order (no fast-math): eight adds a row, the same whatever the tile.
+                total = builder.call(reduce, [ir.Constant(f32, 0.0), builder.load(accs[j])])
+                with builder.if_then(builder.icmp_signed("<", row, n_out)):
+                    builder.store(total, builder.gep(out_d, [builder.add(builder.mul(row, m_out), args[9])]))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return int6_dot
 
 
 def int4_pairs_dot(tile: int, rows: int):

@@ -9,8 +9,9 @@ import pytest
 
 from perfx_core.errors import InvalidArgumentError
 from perfx_core.plugins import get_registry
+from perfx_core.split_weights import pack_int6, pack_split
 from perfx_core.testing import assert_backend_conforms, isolated_plugins
-from perfx_core.weights import Int4Weight, Int5Weight, Int8Weight, dequantize, pack_int5
+from perfx_core.weights import Int4Weight, Int5Weight, Int6Weight, Int8Weight, dequantize
 
 PLUGIN = "numba-cpu"
 INSTALLED = any(ep.name == PLUGIN for ep in importlib.metadata.entry_points(group="perfx"))
@@ -26,6 +27,7 @@ REPLACED = (
     "dense_gemm",
     "int8_gemm",
     "int5_gemm",
+    "int6_gemm",
     "head_rmsnorm",
     "rmsnorm",
     "add_rmsnorm",
@@ -320,51 +322,64 @@ def test_int8_gemm_runs_on_the_weights_own_arrays(plugin_env, monkeypatch, mode)
     assert rt.weight_bytes(w) == weight.codes.nbytes + weight.scale.nbytes == m * k * 17 // 16
 
 
+def _split_weight(kind: str, m: int, rng) -> tuple:
+    """(weight, its float64 values' first row as the extreme codes make it, bytes per weight) of an int5 weight
+    (96 columns) or an int6 one (512 columns); row 0 has every high bit set (the largest code), row 1 none."""
+    if kind == "int5":
+        codes = rng.integers(0, 32, (m, 96), dtype=np.uint8)
+        codes[0], codes[1] = 31, 0
+        scale = rng.uniform(-0.02, 0.02, (m, 3)).astype(np.float16)
+        bias = rng.uniform(-0.3, 0.3, (m, 3)).astype(np.float16)
+        weight = Int5Weight(*pack_split(codes, 1), scale, bias)
+        return weight, np.repeat(31 * scale[0].astype(np.float64) + bias[0], 32), 0.75
+    codes = rng.integers(0, 64, (m, 512), dtype=np.uint8)
+    codes[0], codes[1] = 63, 0
+    sub, d = rng.integers(-128, 128, (m, 32), dtype=np.int8), rng.uniform(1e-4, 1e-3, (m, 2)).astype(np.float16)
+    weight = Int6Weight(*pack_int6(codes), sub, d)
+    first = 31 * np.repeat(d[0].astype(np.float64), 16) * sub[0]
+    return weight, np.repeat(first, 16), 0.8203125
+
+
+@pytest.mark.parametrize("kind", ["int5", "int6"])
 @pytest.mark.parametrize("mode", ["never", "always"])
-def test_int5_gemm_runs_on_the_weights_own_arrays(plugin_env, monkeypatch, mode):
-    """An int5 weight (GGUF Q5_0 / Q5_1 / Q5_K) is multiplied as it is: codes built from its nibbles and fifth bits
-    in the GEMV kernel up to INT8_MAX_N rows (each row of x the same to the bit whether alone or in a batch),
-    blocks of rows dequantized for BLAS beyond; a non-finite x takes the float path and propagates; nothing is
-    held but the weight's own arrays."""
+def test_split_gemms_run_on_the_weights_own_arrays(plugin_env, monkeypatch, mode, kind):
+    """An int5 weight (GGUF Q5_0 / Q5_1 / Q5_K) or int6 one (Q6_K) is multiplied as it is: codes built from its
+    nibbles and bit planes in the GEMV kernel up to INT8_MAX_N rows (each row of x the same to the bit whether alone
+    or in a batch), blocks of rows dequantized for BLAS beyond; a non-finite x takes the float path and propagates;
+    nothing is held but the weight's own arrays."""
     import perfx_numba_cpu
 
-    monkeypatch.setattr(perfx_numba_cpu, "PARALLEL_MODE", mode)
-    monkeypatch.setattr(perfx_numba_cpu, "INT8_TILE_BYTES", 100 * 96 * 4)  # 100 rows a block: 4 blocks
     rng = np.random.default_rng(2)
-    m, k = 333, 96
-    codes = rng.integers(0, 32, (m, k), dtype=np.uint8)
-    codes[0] = 31  # every fifth bit set, and the largest code
-    codes[1] = 0
-    weight = Int5Weight(
-        *pack_int5(codes),
-        rng.uniform(-0.02, 0.02, (m, k // 32)).astype(np.float16),
-        rng.uniform(-0.3, 0.3, (m, k // 32)).astype(np.float16),
-    )
+    m, op = 333, f"{kind}_gemm"
+    weight, first_row, per_weight = _split_weight(kind, m, rng)
+    k = weight.shape[1]
+    monkeypatch.setattr(perfx_numba_cpu, "PARALLEL_MODE", mode)
+    monkeypatch.setattr(perfx_numba_cpu, "INT8_TILE_BYTES", 100 * k * 4)  # 100 rows a block: 4 blocks
     rt = get_registry(refresh=True).open_runtime("numpy")
-    assert "int5" in rt.weight_formats
+    assert kind in rt.weight_formats
     w = rt.prepare_weight(weight)
     values = dequantize(weight, np.float64)
-    np.testing.assert_array_equal(values[0], np.repeat(31 * weight.scale[0].astype(np.float64) + weight.bias[0], 32))
+    np.testing.assert_array_equal(values[0], first_row)
     alone = {}
     for n in (1, 2, 3, 5, 8, 31, 32, 33, 40):
         x = rng.standard_normal((n, k)).astype(np.float32)
         x[-1] *= 1e3  # a row far larger than the others: its own int16 steps
-        out = assert_matmuls(rt, w, x, values, "int5_gemm")
+        out = assert_matmuls(rt, w, x, values, op)
         if n <= perfx_numba_cpu.INT8_MAX_N:
             for j in (0, n - 1):
                 if (n, j) == (1, 0):
                     continue
                 lone = np.empty((1, m), np.float32)
-                rt.ops.int5_gemm(x[j : j + 1], w, lone)
+                getattr(rt.ops, op)(x[j : j + 1], w, lone)
                 alone[n, j] = np.array_equal(lone[0], out[j])
     assert all(alone.values()), alone
     x = rng.standard_normal((3, k)).astype(np.float32)
     x[1, 5] = np.inf
     out = np.zeros((3, m), np.float32)
-    rt.ops.int5_gemm(x, w, out)
+    getattr(rt.ops, op)(x, w, out)
     assert np.isfinite(out[[0, 2]]).all() and not np.isfinite(out[1]).any()
     assert w._float32 is None and perfx_numba_cpu.ATTR not in w.__dict__
-    assert rt.weight_bytes(w) == weight.nbytes == m * k * 3 // 4
+    assert rt.weight_bytes(w) == weight.nbytes == m * k * per_weight
 
 
 def _model_logits(prompt, decoded):
