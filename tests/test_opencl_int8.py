@@ -91,8 +91,8 @@ def test_recorded_decode_steps_with_int8_layers_replay_exactly(registry, tmp_pat
         pytest.skip("no native replayer here (a C compiler and the OpenCL library are needed)")
 
     path = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type=tensor_type, seed=3, **sizes_for(tensor_type)).path
-    config, weights, _ = load_llama_gguf(path)
     rt = registry.open_runtime("opencl")
+    config, weights, _ = load_llama_gguf(path, weight_formats=rt.weight_formats)  # as perfx_core.load reads it
     try:
         model = LlamaModel(config, weights, rt, n_slots=2, max_seq_len=96, prefill_chunk=16)
         layer, host = model.layers[1], weights.layers[1]
