@@ -6,7 +6,10 @@ smlal); and a numba loop over groups sums each group horizontally before scaling
 widened codes and activations and add neighbouring products, which LLVM lowers to those instructions on any
 target: ``scaled_rows_dot`` for a row-major int8 row (the scaled sums kept in a float vector across the row),
 ``int4_pairs_dot`` for a block of int4 rows laid out with the rows across the vector, ``int5_rows_dot`` for a
-row of an int5 weight in GGML's 5-bit split.
+row of an int5 weight in GGML's 5-bit split, ``int6_rows_dot`` for a row of GGUF Q6_K.
+
+numba's on-disk cache of the kernels that use these is keyed on kernels.py alone: after editing an intrinsic here
+(and not kernels.py), delete perfx_numba_cpu/__pycache__/*.nbi and *.nbc, or the old code keeps running.
 """
 
 from __future__ import annotations
