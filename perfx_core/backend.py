@@ -61,8 +61,9 @@ class Runtime(ABC):
     # weights in any other block format reach it converted to Int4Weight by the host.
     block_formats: frozenset[str] = frozenset()
     # Host weight formats beyond int4 and dense that prepare_weight takes and whose ops (ops.FORMAT_OPS) the
-    # runtime has: "int8" (Int8Weight). The engine widens weights in any other format (weights.for_runtime), and
-    # drops a format here whose ops no plugin provides for the backend (plugins.Registry.open_runtime).
+    # runtime has: "int8" (Int8Weight), "int5" (Int5Weight), "int6" (Int6Weight). The engine converts weights in
+    # any other format to one it takes or widens them (weights.for_runtime), and drops a format here whose ops no
+    # plugin provides for the backend (plugins.Registry.open_runtime).
     weight_formats: frozenset[str] = frozenset()
 
     # -- memory ----------------------------------------------------------------------------------------

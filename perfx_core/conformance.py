@@ -292,8 +292,8 @@ def _int5(rng: np.random.Generator, m: int, k: int, group: int, how: str) -> Int
 
 
 def _int6(rng: np.random.Generator, m: int, k: int, group: int, how: str) -> Int6Weight:
-    """An int6 weight as GGUF Q6_K stores one: codes 0..63, an int8 sub-scale per 16 columns and a float16 d per 256
-    ("q6_k": d of max |w| / 32 / 127 per block, as llama.cpp's quantizer; "random": random sub-scales and d)."""
+    """An int6 weight as GGUF Q6_K stores one: random codes 0..63 and int8 sub-scales per 16 columns, and a float16
+    d per 256 of either sign ("random") or positive ("q6_k")."""
     codes = rng.integers(0, 64, (m, k), dtype=np.uint8)
     sub = rng.integers(-128, 128, (m, k // 16), dtype=np.int8)
     d = rng.uniform(1e-5 if how == "q6_k" else -1e-3, 1e-3, (m, k // 256)).astype(np.float16)
@@ -878,6 +878,8 @@ def _int6_cases(op: str) -> list[tuple[str, float, Body]]:
         return [_qkv_case(1, "int6"), _qkv_case(7, "int6")]
     if op == "gate_up_silu":
         return [_matmul_case(op, n, ("int6", 2 * f, 256, 16, "q6_k")) for n, f in ((1, 128), (9, 65))]
+    if op == "gate_up_gelu":
+        return [_gate_up_gelu_case(n, ("int6", 2 * f, 256, 16, "q6_k")) for n, f in ((1, 128), (9, 65))]
     if op in ("linear_add_rmsnorm", "linear_post_norm_add_rmsnorm"):
         post = op == "linear_post_norm_add_rmsnorm"
         return [_linear_norm_case(1, ("int6", 576, 256, 16, "q6_k"), 1e-5, post)]

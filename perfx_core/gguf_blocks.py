@@ -17,7 +17,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
-from .split_weights import pack_split
+from .split_weights import NIBBLE_SHIFTS, pack_split
 
 _CHUNK_ELEMENTS = 1 << 18  # per chunk; a worker holds a few bytes of temporaries per element
 QK_K = 256  # values per K-quant super-block
@@ -151,14 +151,11 @@ def q5_k_int5(blocks: np.ndarray) -> tuple[np.ndarray, ...]:
         scale = (d[:, :, None] * sc).astype(np.float16).reshape(n, -1)
         bias = (-(dmin[:, :, None] * m)).astype(np.float16).reshape(n, -1)
     qs = b[:, :, 48:].reshape(n, nb, 4, 1, 32)
-    nibbles = (qs >> _NIBBLE_SHIFTS) & 0x0F  # (n, nb, chunk, half, 32): sub-block 2c + half
+    nibbles = (qs >> NIBBLE_SHIFTS) & 0x0F  # (n, nb, chunk, half, 32): sub-block 2c + half
     fifth = (b[:, :, None, 16:48] >> np.arange(8, dtype=np.uint8).reshape(8, 1)) & 1  # (n, nb, sub-block, 32)
     codes = nibbles.reshape(n, nb * 8, 32) | (fifth.reshape(n, nb * 8, 32) << 4)
     low, high = pack_split(codes.reshape(n, nb * QK_K), 1)
     return low, high, scale, bias
-
-
-_NIBBLE_SHIFTS = np.array([0, 4], np.uint8).reshape(2, 1)
 
 
 def q6_k_int6(blocks: np.ndarray) -> tuple[np.ndarray, ...]:

@@ -60,7 +60,9 @@ def load_llama_gguf(
     and the parsed file. Matrices of a type named in ``keep_blocks`` (``Runtime.block_formats``) stay the
     file's blocks (BlockWeight), for a runtime that converts them itself. ``weight_formats``
     (``Runtime.weight_formats``; None: all) says whether Q5 and Q6_K matrices become int5 / int6 or go straight
-    to what such a runtime takes instead (weights.for_runtime would convert them the same way, in a second pass)."""
+    to what a runtime without those takes: Q5_0 and Q6_K int8 (exact, as weights.for_runtime makes them from
+    int5 / int6), Q5_1 and Q5_K float16 of the file's values (for_runtime's float16 comes from int5, whose Q5_K
+    scales and minimums are already rounded to float16)."""
     gf = source if isinstance(source, GGUFFile) else read_gguf(source)
     if gf.data_offset is None:
         raise ModelFormatError(f"{gf.path} was read with tensors=False; pass the path or read_gguf(path) instead")
@@ -470,6 +472,7 @@ class TensorLoader:
         self.keep_blocks = keep_blocks
         self.int5 = weight_formats is None or "int5" in weight_formats
         self.int6 = weight_formats is None or "int6" in weight_formats
+        self.out_of_range: set[GGMLQuantizationType] = set()  # 5-bit types whose float16 scales overflowed
         self.widened: dict[GGMLQuantizationType, int] = defaultdict(int)  # type -> tensors widened to float16
 
     def info(self, name: str, shape: tuple[int, ...]) -> TensorInfo:
@@ -512,6 +515,7 @@ class TensorLoader:
             if np.isfinite(weight.scale).all() and np.isfinite(weight.bias).all():
                 return weight
             del weight  # a scale or bias past float16's range: Q5_0 as int8, the others widened below
+            self.out_of_range.add(t)
         if t == GGMLQuantizationType.Q6_K and self.int6:
             out6 = (np.empty((rows, cols // 2), np.uint8), np.empty((rows, cols // 4), np.uint8))
             out6 += (np.empty((rows, cols // 16), np.int8), np.empty((rows, cols // 256), np.float16))
@@ -540,13 +544,19 @@ class TensorLoader:
         self.widened[info.ggml_type] += 1
         return DenseWeight(data)
 
+    def _widening_reason(self, t: GGMLQuantizationType) -> str:
+        if t in self.out_of_range:
+            return "their scales or minimums exceed float16's range, which int5 holds them in"
+        if t in _INT5_DECODERS:
+            return "this backend has no int5 kernels"
+        return f"perfx has no {t.name} kernels yet"
+
     def widen_notes(self) -> list[str]:
         notes = []
         for t, count in self.widened.items():
             msg = (
                 f"{count} {t.name} tensors were widened to float16 (2 bytes per weight, within float16 "
-                f"rounding of the file's values): "
-                + ("this backend has no int5 kernels" if t in _INT5_DECODERS else f"perfx has no {t.name} kernels yet")
+                f"rounding of the file's values): {self._widening_reason(t)}"
             )
             warnings.warn(msg, stacklevel=3)
             notes.append(msg)

@@ -99,7 +99,7 @@ class Int6Weight:
         return np.repeat(self.d.astype(np.float32), INT6_BLOCK // INT6_SUB, axis=1) * self.sub
 
 
-_NIBBLE_SHIFTS = np.array([0, 4], np.uint8).reshape(2, 1)
+NIBBLE_SHIFTS = np.array([0, 4], np.uint8).reshape(2, 1)
 _CRUMB_SHIFTS = np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)
 
 
@@ -107,7 +107,7 @@ def int6_codes(ql: np.ndarray, qh: np.ndarray) -> np.ndarray:
     """Int6Weight's codes 0..63 in column order, uint8 (rows, cols)."""
     rows, half = ql.shape
     halves = 2 * half // 128
-    low = (ql.reshape(rows, halves, 1, 64) >> _NIBBLE_SHIFTS) & 0x0F  # (rows, halves, nibble, 64): columns 64n + i
+    low = (ql.reshape(rows, halves, 1, 64) >> NIBBLE_SHIFTS) & 0x0F  # (rows, halves, nibble, 64): columns 64n + i
     high = (qh.reshape(rows, halves, 1, 32) >> _CRUMB_SHIFTS) & 0x03  # (rows, halves, crumb, 32): columns 32p + i
     return (low.reshape(rows, halves, 128) | (high.reshape(rows, halves, 128) << 4)).reshape(rows, 2 * half)
 

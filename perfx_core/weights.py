@@ -1,6 +1,6 @@
 """perfx's host-side weight formats and the int4 quantization helpers (pack order written once here).
 
-Four formats cover every model (a fifth, ``BlockWeight``, hands a file's own blocks to a runtime that converts
+Five formats cover every model (a sixth, ``BlockWeight``, hands a file's own blocks to a runtime that converts
 them on its device):
 
 - ``Int4Weight``: 4-bit codes with one scale and one bias per group of ``group_size`` consecutive input
@@ -173,7 +173,7 @@ def for_runtime(
     and has the ops of ``weight_formats`` (``Runtime.weight_formats``: "int8", "int5", "int6")."""
     if isinstance(weight, RowParts):
         # Parts converted to one format fuse again (a Q5_0 q|k next to a Q8_0 v: one int8 matrix where int5 is not
-        # taken).
+        # taken); a file's blocks stay blocks (concat_rows keeps them apart without decoding them).
         return concat_rows([for_runtime(p, block_formats, weight_formats) for p in weight.parts])
     if isinstance(weight, BlockWeight) and weight.block_format not in block_formats:
         return weight.as_int4()
@@ -195,22 +195,22 @@ def int5_for_others(weight: Int5Weight) -> Int8Weight | DenseWeight:
         codes = split_codes(weight.low, weight.high)
         codes -= 16  # 0..31 -> -16..15: no wrap
         return Int8Weight(codes.view(np.int8), weight.scale, SPLIT_GROUP, "float16")
-    rows, cols = weight.shape
-    out = np.empty((rows, cols), np.float16)
-    step = max(1, (1 << 20) // cols)
-    for r0 in range(0, rows, step):
-        out[r0 : r0 + step] = split_rows(weight, slice(r0, r0 + step))
-    return DenseWeight(out)
+    return _dense_in_chunks(weight, split_rows, "float16")
 
 
 def as_dense(weight: Int8Weight) -> DenseWeight:
     """An int8 weight's values in its ``dense_dtype``, a chunk of rows at a time (no float32 copy of the whole
     matrix on the way to a float16 one)."""
+    return _dense_in_chunks(weight, int8_rows, weight.dense_dtype)
+
+
+def _dense_in_chunks(weight, rows_of: Callable, dtype: str) -> DenseWeight:
+    """DenseWeight of ``rows_of(weight, rows)`` (float32 values) in ``dtype``, about 1M values at a time."""
     rows, cols = weight.shape
-    out = np.empty((rows, cols), dtype=weight.dense_dtype)
+    out = np.empty((rows, cols), dtype=dtype)
     step = max(1, (1 << 20) // cols)
     for r0 in range(0, rows, step):
-        out[r0 : r0 + step] = int8_rows(weight, slice(r0, r0 + step))
+        out[r0 : r0 + step] = rows_of(weight, slice(r0, r0 + step))
     return DenseWeight(out)
 
 
@@ -289,7 +289,7 @@ def quantize_rtn(w: np.ndarray, group_size: int = 128) -> Int4Weight:
 def concat_rows(weights: list[Weight]) -> Weight | RowParts:
     """Stack weights along the output dimension (used for fused QKV and gate|up).
 
-    Int4 weights with one group size stay int4, int8 weights int8, int5 weights int5; int8 ones mixed with dense
+    Int4 weights with one group size stay int4, int8 weights int8, int5 int5, int6 int6; int8 ones mixed with dense
     ones become dense in their ``dense_dtype``. Any other mix (int4 next to int8, int4 groups of two sizes) stays as
     RowParts, each part in its own format, instead of widening all of them to float32.
     """
@@ -299,6 +299,10 @@ def concat_rows(weights: list[Weight]) -> Weight | RowParts:
             parts, weights[0].block_format, weights[0].cols, lambda: concat_rows([w.as_int4() for w in weights])
         )  # type: ignore[union-attr]
     given = weights
+    if any(isinstance(w, BlockWeight) for w in weights) and not all(
+        isinstance(w, BlockWeight | Int4Weight) for w in weights
+    ):
+        return _row_parts(given)  # a file's blocks next to another format: never one matrix, so no host decode
     weights = [w.as_int4() if isinstance(w, BlockWeight) else w for w in weights]
     if all(isinstance(w, Int8Weight) for w in weights):
         # At the smallest group (a scale repeated over its smaller groups is the same weight), float32 scales
@@ -330,8 +334,12 @@ def concat_rows(weights: list[Weight]) -> Weight | RowParts:
         ]
         if all(w.data.dtype == weights[0].data.dtype for w in weights):  # type: ignore[union-attr]
             return DenseWeight(np.concatenate([w.data for w in weights]))  # type: ignore[union-attr]
-    # Neighbours of one format still share a matrix (q|k of a Q4_K_M QKV: one int4 part, then v).
-    runs = [list(run) for _, run in itertools.groupby(given, key=_format_key)]
+    return _row_parts(given)
+
+
+def _row_parts(weights: list[Weight]) -> RowParts:
+    """Neighbours of one format still share a matrix (q|k of a Q4_K_M QKV: one int4 part, then v)."""
+    runs = [list(run) for _, run in itertools.groupby(weights, key=_format_key)]
     return RowParts(tuple(run[0] if len(run) == 1 else concat_rows(run) for run in runs))  # type: ignore[misc]
 
 

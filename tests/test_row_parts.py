@@ -104,3 +104,21 @@ def test_q4_k_m_weights_stay_near_the_files_bytes(q4_k_m_file):
     report = run_bench(str(q4_k_m_file), backend="numpy", prompt_tokens=8, gen_tokens=2, repeat=1)
     qkv = report["weight_bytes"]["qkv"]
     assert qkv["bytes_per_weight"] < 1.0, qkv
+
+
+def test_a_files_blocks_next_to_another_format_are_not_decoded_on_the_host():
+    """A Q4_K q|k kept as the file's blocks (a runtime that converts them on its device) next to an int8 v: the
+    parts stay apart, in the model's concat_rows and again in for_runtime, and the blocks are never converted on
+    the host (that was a full decode of q|k per such layer at load, thrown away)."""
+    from perfx_core.weights import BlockWeight, Int8Weight, RowParts, concat_rows, for_runtime
+
+    def refuse():
+        raise AssertionError("the blocks were decoded on the host")
+
+    blocks = [BlockWeight((np.zeros((4, 144), np.uint8),), "q4_k", 256, refuse) for _ in range(2)]
+    v = Int8Weight(np.ones((4, 256), np.int8), np.ones((4, 8), np.float16))
+    parts = concat_rows([*blocks, v])
+    assert isinstance(parts, RowParts) and [type(p) for p in parts.parts] == [BlockWeight, Int8Weight]
+    assert parts.parts[0].shape == (8, 256)
+    kept = for_runtime(parts, frozenset({"q4_k"}), frozenset({"int8"}))
+    assert isinstance(kept, RowParts) and [type(p) for p in kept.parts] == [BlockWeight, Int8Weight]

@@ -288,11 +288,12 @@ def _split_gemm(rt, x, out, arrays, quantize, per_group, kernels, dequantizers) 
     """out = x @ W.T for an int5 or int6 weight given as its kernel arrays (float16 ones as int16 bits): up to
     INT8_MAX_N rows, x rounded to int16 by ``quantize(x, xq, *float32 arrays of one value per 32 columns)``
     (``per_group`` of them: its steps, and for int5 its sums) and the integer kernel (``kernels``: parallel,
-    serial); beyond, or where x is not finite, blocks of rows dequantized for BLAS."""
+    serial); beyond, or where x is not finite (or an array is not C-contiguous), blocks of rows dequantized for
+    BLAS."""
     x = _f32(x)
     n, k = x.shape
     m = out.shape[1]
-    if n <= INT8_MAX_N:
+    if n <= INT8_MAX_N and all(a.flags.c_contiguous for a in arrays):  # the intrinsics read rows as C arrays
         padded = n if n < 3 else -(-n // K.TILE) * K.TILE  # whole tiles of rows
         xq = np.zeros((padded, k), dtype=np.int16)
         groups = [np.zeros((padded, k // 32), dtype=np.float32) for _ in range(per_group)]

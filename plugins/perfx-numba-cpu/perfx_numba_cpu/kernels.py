@@ -423,6 +423,24 @@ def int8_matvec(q, scales, f16, x, out):
 INT16_STEP = F32(32767.0)
 
 
+@njit(inline="always", fastmath=FM, cache=True, nogil=True)
+def _piece_step(xr, p, lanes, xs_row):
+    """Piece p (``lanes`` columns) of the row xr: its int16 step max |x| / 32767 into xs_row[p], and 1 / step (0 for a
+    zero step); -1 where the piece holds an infinity or NaN, which the float kernels propagate instead."""
+    amax = F32(0.0)
+    for i in range(p * lanes, p * lanes + lanes):
+        v = xr[i]
+        if v != v:  # NaN (max() would skip it)
+            return F32(-1.0)
+        amax = max(amax, abs(v))
+    if not math.isfinite(amax):
+        return F32(-1.0)
+    # A piece below 1e-30 counts as zero: 1 / s would overflow for the smallest floats.
+    s = amax / INT16_STEP if amax >= F32(1e-30) else F32(0.0)
+    xs_row[p] = s
+    return F32(0.0) if s == 0 else F32(1.0) / s
+
+
 @njit(fastmath=FM, cache=True, nogil=True)
 def quantize_x_int16(x, lanes, xq, xs):
     """xq (n, k) int16 and xs (n, k // lanes) float32 with x ~= xq * xs per piece of ``lanes`` columns; False
@@ -431,18 +449,9 @@ def quantize_x_int16(x, lanes, xq, xs):
     for j in range(n):
         xr = x[j]
         for p in range(k // lanes):
-            amax = F32(0.0)
-            for i in range(p * lanes, p * lanes + lanes):
-                v = xr[i]
-                if v != v:  # NaN (max() would skip it)
-                    return False
-                amax = max(amax, abs(v))
-            if not math.isfinite(amax):
+            inv = _piece_step(xr, p, lanes, xs[j])
+            if inv < 0:
                 return False
-            # A piece below 1e-30 counts as zero: 1 / s would overflow for the smallest floats.
-            s = amax / INT16_STEP if amax >= F32(1e-30) else F32(0.0)
-            xs[j, p] = s
-            inv = F32(0.0) if s == 0 else F32(1.0) / s
             for i in range(p * lanes, p * lanes + lanes):
                 xq[j, i] = np.int16(round(xr[i] * inv))
     return True
@@ -504,23 +513,6 @@ int5_dot_row = int5_rows_dot(1)
 int5_dot_tile = int5_rows_dot(TILE)
 
 
-@njit(inline="always", fastmath=FM, cache=True, nogil=True)
-def _group_step(xr, g, xs_row):
-    """Group g (32 columns) of the row xr: its int16 step max |x| / 32767 into xs_row[g] (0 below 1e-30, where 1 / s
-    would overflow), and 1 / step (0 for a zero step); -1 where the group holds an infinity or NaN."""
-    amax = F32(0.0)
-    for i in range(32 * g, 32 * g + 32):
-        v = xr[i]
-        if v != v:  # NaN (max() would skip it)
-            return F32(-1.0)
-        amax = max(amax, abs(v))
-    if not math.isfinite(amax):
-        return F32(-1.0)
-    s = amax / INT16_STEP if amax >= F32(1e-30) else F32(0.0)
-    xs_row[g] = s
-    return F32(0.0) if s == 0 else F32(1.0) / s
-
-
 @njit(fastmath=FM, cache=True, nogil=True)
 def quantize_x_int5(x, xq, xs, sums):
     """quantize_x_int16 with groups of 32 for int5_rows_dot: xq in the column order the kernel reads, each pair
@@ -532,7 +524,7 @@ def quantize_x_int5(x, xq, xs, sums):
     for j in range(n):
         xr = x[j]
         for g in range(groups):
-            inv = _group_step(xr, g, xs[j])
+            inv = _piece_step(xr, g, 32, xs[j])
             if inv < 0:
                 return False
             total = F32(0.0)
@@ -595,7 +587,7 @@ def quantize_x_int6(x, xq, xs):
     for j in range(n):
         xr = x[j]
         for g in range(k // 32):
-            inv = _group_step(xr, g, xs[j])
+            inv = _piece_step(xr, g, 32, xs[j])
             if inv < 0:
                 return False
             for c in range(32):
