@@ -204,14 +204,20 @@ def as_dense(weight: Int8Weight) -> DenseWeight:
     return _dense_in_chunks(weight, int8_rows, weight.dense_dtype)
 
 
-def _dense_in_chunks(weight, rows_of: Callable, dtype: str) -> DenseWeight:
+def _dense_in_chunks(weight, rows_of: Callable, dtype) -> DenseWeight:
     """DenseWeight of ``rows_of(weight, rows)`` (float32 values) in ``dtype``, about 1M values at a time."""
+    return DenseWeight(_values_in_chunks(weight, rows_of, dtype))
+
+
+def _values_in_chunks(weight, rows_of: Callable, dtype) -> np.ndarray:
+    """(rows, cols) array of ``rows_of(weight, rows)`` in ``dtype``, about 1M values at a time: no whole-matrix
+    temporaries next to the result."""
     rows, cols = weight.shape
     out = np.empty((rows, cols), dtype=dtype)
     step = max(1, (1 << 20) // cols)
     for r0 in range(0, rows, step):
         out[r0 : r0 + step] = rows_of(weight, slice(r0, r0 + step))
-    return DenseWeight(out)
+    return out
 
 
 def int8_rows(weight: Int8Weight, rows: slice | np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -253,7 +259,7 @@ def dequantize(weight: Weight | RowParts, dtype: type = np.float32) -> np.ndarra
     if isinstance(weight, Int8Weight):
         return int8_rows(weight, slice(None)).astype(dtype, copy=False)
     if isinstance(weight, Int5Weight | Int6Weight):
-        return split_rows(weight, slice(None)).astype(dtype, copy=False)
+        return _values_in_chunks(weight, split_rows, dtype)
     rows, cols = weight.shape
     g = weight.group_size
     q = unpack_int4(weight.packed).reshape(rows, cols // g, g).astype(np.float32)
