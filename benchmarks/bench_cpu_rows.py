@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from perfx_core.plugins import get_registry
-from perfx_core.split_weights import pack_int6, pack_split
+from perfx_core.split_weights import pack_int5, pack_int6
 from perfx_core.weights import Int4Weight, Int5Weight, Int6Weight, Int8Weight
 
 SMOLLM2_SHAPES = ("int4:1728x576", "int4:3072x576", "int4:576x1536", "int8:49152x576")
@@ -44,7 +44,7 @@ def random_weight(kind: str, m: int, k: int, rng: np.random.Generator):
     if kind == "int5":
         groups = (m, k // 32)
         return Int5Weight(
-            *pack_split(rng.integers(0, 32, (m, k), dtype=np.uint8), 1),
+            *pack_int5(rng.integers(0, 32, (m, k), dtype=np.uint8)),
             rng.uniform(-0.02, 0.02, groups).astype(np.float16),
             rng.uniform(-0.3, 0.3, groups).astype(np.float16),
         )

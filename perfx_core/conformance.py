@@ -22,7 +22,7 @@ from . import reference
 from .backend import AttentionSpec, KVCacheSpec, RopeTable
 from .errors import InvalidArgumentError
 from .ops import FORMAT_OPS, OP_NAMES
-from .split_weights import pack_int6, pack_split
+from .split_weights import pack_int5, pack_int6
 from .weights import DenseWeight, Int4Weight, Int5Weight, Int6Weight, Int8Weight, Weight, concat_rows, quantize_rtn
 
 MATMUL_LIMIT = 5e-4  # matmuls, int4 embedding, attention: float32 sums over many terms
@@ -156,10 +156,8 @@ class _Trial:
     def weight(self, weight: Weight) -> Any:
         if isinstance(weight, Int4Weight):
             arrays = [weight.packed, weight.scale, weight.bias]
-        elif isinstance(weight, Int5Weight):
-            arrays = [weight.low, weight.high, weight.scale, weight.bias]
-        elif isinstance(weight, Int6Weight):
-            arrays = [weight.ql, weight.qh, weight.sub, weight.d]
+        elif isinstance(weight, Int5Weight | Int6Weight):
+            arrays = list(weight.arrays)
         else:
             arrays = [weight.codes, weight.scale] if isinstance(weight, Int8Weight) else [weight.data]
         self._host.append(("weight", arrays, [a.tobytes() for a in arrays]))
@@ -278,7 +276,7 @@ def _int5(rng: np.random.Generator, m: int, k: int, group: int, how: str) -> Int
     if how == "random":
         codes = rng.integers(0, 32, (m, k), dtype=np.uint8)
         scale = rng.uniform(-0.05, 0.05, (m, k // group)).astype(np.float16)
-        return Int5Weight(*pack_split(codes, 1), scale, rng.normal(0.0, 0.1, (m, k // group)).astype(np.float16))
+        return Int5Weight(*pack_int5(codes), scale, rng.normal(0.0, 0.1, (m, k // group)).astype(np.float16))
     groups = (rng.standard_normal((m, k)) * 0.05).reshape(m, k // group, group)
     if how == "q5_0":
         scale = (np.abs(groups).max(axis=2) / 16).astype(np.float16)
@@ -288,7 +286,7 @@ def _int5(rng: np.random.Generator, m: int, k: int, group: int, how: str) -> Int
         bias = groups.min(axis=2).astype(np.float16)
     safe = np.where(scale > 0, scale.astype(np.float64), 1.0)[:, :, None]
     codes = np.clip(np.round((groups - bias.astype(np.float64)[:, :, None]) / safe), 0, 31).astype(np.uint8)
-    return Int5Weight(*pack_split(codes.reshape(m, k), 1), scale, bias)
+    return Int5Weight(*pack_int5(codes.reshape(m, k)), scale, bias)
 
 
 def _int6(rng: np.random.Generator, m: int, k: int, group: int, how: str) -> Int6Weight:

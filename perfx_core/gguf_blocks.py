@@ -17,7 +17,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
-from .split_weights import NIBBLE_SHIFTS, pack_split
+from .split_weights import NIBBLE_SHIFTS, pack_int5
 
 _CHUNK_ELEMENTS = 1 << 18  # per chunk; a worker holds a few bytes of temporaries per element
 QK_K = 256  # values per K-quant super-block
@@ -154,7 +154,7 @@ def q5_k_int5(blocks: np.ndarray) -> tuple[np.ndarray, ...]:
     nibbles = (qs >> NIBBLE_SHIFTS) & 0x0F  # (n, nb, chunk, half, 32): sub-block 2c + half
     fifth = (b[:, :, None, 16:48] >> np.arange(8, dtype=np.uint8).reshape(8, 1)) & 1  # (n, nb, sub-block, 32)
     codes = nibbles.reshape(n, nb * 8, 32) | (fifth.reshape(n, nb * 8, 32) << 4)
-    low, high = pack_split(codes.reshape(n, nb * QK_K), 1)
+    low, high = pack_int5(codes.reshape(n, nb * QK_K))
     return low, high, scale, bias
 
 

@@ -30,27 +30,24 @@ def dequantize_int8(codes: np.ndarray, scale: np.ndarray, group_size: int) -> np
     return codes.astype(np.float64) * scale.astype(np.float64)[:, group]
 
 
-def _split_codes(low: np.ndarray, high: np.ndarray) -> np.ndarray:
+def _int5_codes(low: np.ndarray, high: np.ndarray) -> np.ndarray:
     """(rows, cols) float64 codes of Int5Weight: column 32g + j (j < 16) is the low nibble of byte 16g + j, column
     32g + 16 + j its high nibble, plus 16 where bit j (resp. 16 + j) of high[:, g] is set."""
     rows, half = low.shape
-    groups = 2 * half // 32
-    planes = high.shape[1] // groups
     codes = np.empty((rows, 2 * half), dtype=np.float64)
     for j in range(16):
         codes[:, j::32] = low[:, j::16] & 0x0F
         codes[:, 16 + j :: 32] = low[:, j::16] >> 4
-    for p in range(planes):
-        plane = high[:, p::planes].astype(np.uint64)
-        for bit in range(32):
-            codes[:, bit::32] += float(16 << p) * ((plane >> np.uint64(bit)) & np.uint64(1))
+    plane = high.astype(np.uint64)
+    for bit in range(32):
+        codes[:, bit::32] += 16.0 * ((plane >> np.uint64(bit)) & np.uint64(1))
     return codes
 
 
 def dequantize_int5(low: np.ndarray, high: np.ndarray, scale: np.ndarray, bias: np.ndarray) -> np.ndarray:
     """(rows, cols) float64 values of Int5Weight arrays: code * scale + bias per group of 32."""
     group = np.arange(2 * low.shape[1]) // 32
-    return _split_codes(low, high) * scale.astype(np.float64)[:, group] + bias.astype(np.float64)[:, group]
+    return _int5_codes(low, high) * scale.astype(np.float64)[:, group] + bias.astype(np.float64)[:, group]
 
 
 def dequantize_int6(ql: np.ndarray, qh: np.ndarray, sub: np.ndarray, d: np.ndarray) -> np.ndarray:

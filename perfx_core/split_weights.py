@@ -13,7 +13,7 @@ others get.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -32,17 +32,35 @@ def _check(name: str, arrays: dict[str, tuple[np.ndarray, str, tuple[int, int]]]
             )
 
 
+class _SplitWeight:
+    """What the two formats share: their fields are all arrays, the first one the low nibbles (rows, cols // 2)."""
+
+    @property
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        return tuple(getattr(self, f.name) for f in fields(self))  # type: ignore[arg-type]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        low = self.arrays[0]
+        return low.shape[0], low.shape[1] * 2
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays)
+
+
 @dataclass(frozen=True)
-class Int5Weight:
+class Int5Weight(_SplitWeight):
     low: np.ndarray  # uint8 (rows, cols // 2)
     high: np.ndarray  # little-endian uint32 (rows, cols // 32): the fifth bits
     scale: np.ndarray  # float16 (rows, cols // 32)
     bias: np.ndarray  # float16 (rows, cols // 32)
-    group_size: int = SPLIT_GROUP  # always 32, as GGML's 5-bit blocks
+
+    group_size = SPLIT_GROUP  # always 32, as GGML's 5-bit blocks (a class constant, not a field)
 
     def __post_init__(self) -> None:
         rows, half = self.low.shape
-        if self.group_size != SPLIT_GROUP or (2 * half) % SPLIT_GROUP:
+        if (2 * half) % SPLIT_GROUP:
             raise InvalidArgumentError(f"Int5Weight has groups of {SPLIT_GROUP} columns; got {2 * half} columns")
         groups = (rows, 2 * half // SPLIT_GROUP)
         _check(
@@ -55,17 +73,9 @@ class Int5Weight:
             },
         )
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.low.shape[0], self.low.shape[1] * 2
-
-    @property
-    def nbytes(self) -> int:
-        return self.low.nbytes + self.high.nbytes + self.scale.nbytes + self.bias.nbytes
-
 
 @dataclass(frozen=True)
-class Int6Weight:
+class Int6Weight(_SplitWeight):
     ql: np.ndarray  # uint8 (rows, cols // 2): the low nibbles
     qh: np.ndarray  # uint8 (rows, cols // 4): the high bit pairs
     sub: np.ndarray  # int8 (rows, cols // 16)
@@ -85,14 +95,6 @@ class Int6Weight:
                 "d": (self.d, "<f2", (rows, cols // INT6_BLOCK)),
             },
         )
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.ql.shape[0], self.ql.shape[1] * 2
-
-    @property
-    def nbytes(self) -> int:
-        return self.ql.nbytes + self.qh.nbytes + self.sub.nbytes + self.d.nbytes
 
     def scales(self) -> np.ndarray:
         """float32 (rows, cols // 16): d times each sub-scale, exact in float32."""
@@ -123,37 +125,33 @@ def pack_int6(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ql.reshape(rows, cols // 2), qh.reshape(rows, cols // 4)
 
 
-def split_codes(low: np.ndarray, high: np.ndarray) -> np.ndarray:
-    """Int5Weight's codes 0..31 in column order, uint8 (rows, cols), from its low nibbles and bit planes (one per
-    group of 32; pack_split writes more, for tests of wider codes)."""
+def int5_codes(low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """Int5Weight's codes 0..31 in column order, uint8 (rows, cols), from its low nibbles and fifth bits."""
     rows, half = low.shape
     groups = 2 * half // SPLIT_GROUP
-    planes = high.shape[1] // groups
     nibbles = low.reshape(rows, groups, 16)
     codes = np.empty((rows, groups, SPLIT_GROUP), np.uint8)
     codes[:, :, :16] = nibbles & 0x0F
     codes[:, :, 16:] = nibbles >> 4
-    bits = np.ascontiguousarray(high).view(np.uint8).reshape(rows, groups, planes, 4)
-    for p in range(planes):
-        codes |= np.unpackbits(bits[:, :, p], axis=2, bitorder="little") << (4 + p)
+    bits = np.ascontiguousarray(high).view(np.uint8).reshape(rows, groups, 4)
+    codes |= np.unpackbits(bits, axis=2, bitorder="little") << 4
     return codes.reshape(rows, 2 * half)
 
 
-def pack_split(codes: np.ndarray, planes: int) -> tuple[np.ndarray, np.ndarray]:
-    """Codes below 2^(4 + planes), (rows, cols) with cols a multiple of 32 -> (low, high) of split_codes."""
+def pack_int5(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Codes 0..31, (rows, cols) with cols a multiple of 32 -> Int5Weight's (low, high)."""
     codes = np.asarray(codes, dtype=np.uint8)
     rows, cols = codes.shape
     groups = codes.reshape(rows, cols // SPLIT_GROUP, SPLIT_GROUP)
     low = (groups[:, :, :16] & 0x0F) | ((groups[:, :, 16:] & 0x0F) << 4)
-    bits = np.stack([np.packbits((groups >> (4 + p)) & 1, axis=2, bitorder="little") for p in range(planes)], axis=2)
-    high = np.ascontiguousarray(bits).view("<u4").reshape(rows, cols // SPLIT_GROUP * planes)
-    return low.reshape(rows, cols // 2), high
+    bits = np.packbits(groups >> 4, axis=2, bitorder="little")  # (rows, groups, 4): the bytes of each uint32
+    return low.reshape(rows, cols // 2), np.ascontiguousarray(bits).view("<u4").reshape(rows, cols // SPLIT_GROUP)
 
 
 def split_rows(weight: Int5Weight | Int6Weight, rows: slice | np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """float32 values of some rows (a slice or an index array) of an int5 or int6 weight, into ``out`` if given."""
     if isinstance(weight, Int5Weight):
-        codes = split_codes(weight.low[rows], weight.high[rows])
+        codes = int5_codes(weight.low[rows], weight.high[rows])
     else:
         codes = int6_codes(weight.ql[rows], weight.qh[rows])
     n, cols = codes.shape

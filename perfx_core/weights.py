@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
 from .errors import InvalidArgumentError
-from .split_weights import INT6_SUB, SPLIT_GROUP, Int5Weight, Int6Weight, int6_codes, split_codes, split_rows
+from .split_weights import INT6_SUB, SPLIT_GROUP, Int5Weight, Int6Weight, int5_codes, int6_codes, split_rows
 
 SUPPORTED_GROUP_SIZES = (32, 64, 128)
 INT8_GROUP_SIZES = (16, *SUPPORTED_GROUP_SIZES)  # 16: Q6_K's sub-blocks
@@ -192,7 +192,7 @@ def int5_for_others(weight: Int5Weight) -> Int8Weight | DenseWeight:
     """An int5 weight for a runtime without int5 ops: an Int8Weight of codes - 16 where every bias is -16 times its
     scale (GGUF Q5_0: exact), else its values in float16."""
     if np.array_equal(weight.bias, (weight.scale.astype(np.float32) * np.float32(-16.0)).astype(np.float16)):
-        codes = split_codes(weight.low, weight.high)
+        codes = int5_codes(weight.low, weight.high)
         codes -= 16  # 0..31 -> -16..15: no wrap
         return Int8Weight(codes.view(np.int8), weight.scale, SPLIT_GROUP, "float16")
     return _dense_in_chunks(weight, split_rows, "float16")
@@ -322,8 +322,7 @@ def concat_rows(weights: list[Weight]) -> Weight | RowParts:
         )
     for split in (Int5Weight, Int6Weight):
         if all(isinstance(w, split) for w in weights):
-            names = [f.name for f in fields(split) if f.init and f.name != "group_size"]
-            return split(*(np.concatenate([getattr(w, name) for w in weights]) for name in names))
+            return split(*(np.concatenate(parts) for parts in zip(*(w.arrays for w in weights), strict=True)))
     if all(isinstance(w, Int4Weight) for w in weights) and len({w.group_size for w in weights}) == 1:  # type: ignore[union-attr]
         return Int4Weight(
             np.concatenate([w.packed for w in weights]),  # type: ignore[union-attr]
@@ -378,8 +377,7 @@ def take_rows(weight: Weight, order: np.ndarray) -> Weight:
             weight.dense_dtype,
         )
     if isinstance(weight, Int5Weight | Int6Weight):
-        arrays = [getattr(weight, f.name) for f in fields(weight) if f.init and f.name != "group_size"]
-        return type(weight)(*(np.ascontiguousarray(a[order]) for a in arrays))
+        return type(weight)(*(np.ascontiguousarray(a[order]) for a in weight.arrays))
     return Int4Weight(
         np.ascontiguousarray(weight.packed[order]),
         np.ascontiguousarray(weight.scale[order]),

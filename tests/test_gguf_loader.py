@@ -24,6 +24,7 @@ from perfx_core.gguf_loader import (
     load_llama_gguf,
     read_llama_config,
 )
+from perfx_core.split_weights import int5_codes
 from perfx_core.weights import (
     DenseWeight,
     Int4Weight,
@@ -33,7 +34,6 @@ from perfx_core.weights import (
     concat_rows,
     dequantize,
     for_runtime,
-    split_codes,
 )
 
 LOSSLESS = ("F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1")
@@ -250,7 +250,7 @@ def test_q5_k_keeps_its_codes(tmp_path: Path):
     want = ((qs >> np.array([0, 4], np.uint8).reshape(2, 1)) & 15).reshape(*blocks.shape[:2], 8, 32)
     want |= ((qh >> np.arange(8, dtype=np.uint8).reshape(8, 1)) & 1) << 4
     w = loaded_tensors(weights)["blk.0.ffn_up.weight"]
-    np.testing.assert_array_equal(split_codes(w.low, w.high), want.reshape(w.shape))
+    np.testing.assert_array_equal(int5_codes(w.low, w.high), want.reshape(w.shape))
     assert w.nbytes <= gf.tensors["blk.0.ffn_up.weight"].nbytes * 1.1
 
 

@@ -123,10 +123,8 @@ class NumpyRuntime(Runtime):
             arrays = (weight.data,)
         elif isinstance(weight, Int8Weight):
             arrays = (weight.codes, weight.scale)
-        elif isinstance(weight, Int5Weight):
-            arrays = (weight.low, weight.high, weight.scale, weight.bias)
-        elif isinstance(weight, Int6Weight):
-            arrays = (weight.ql, weight.qh, weight.sub, weight.d)
+        elif isinstance(weight, Int5Weight | Int6Weight):
+            arrays = weight.arrays
         else:
             arrays = (weight.packed, weight.scale, weight.bias)
         for array in arrays:

@@ -43,7 +43,7 @@ from perfx_numpy import ops as numpy_ops
 from perfx_core.errors import InvalidArgumentError
 from perfx_core.hookspecs import hookimpl
 from perfx_core.ops import generic_gate_up_silu
-from perfx_core.weights import Int4Weight
+from perfx_core.weights import Int4Weight, Int5Weight, Int6Weight
 
 from . import compile_notice  # noqa: F401  (announces a first compile)
 from . import kernels as K
@@ -284,12 +284,31 @@ def int8_gemm(rt, x, w, out) -> None:
         _matmul(x, block.T, out[:, r0:r1])
 
 
-def _split_gemm(rt, x, out, arrays, quantize, per_group, kernels, dequantizers) -> None:
-    """out = x @ W.T for an int5 or int6 weight given as its kernel arrays (float16 ones as int16 bits): up to
-    INT8_MAX_N rows, x rounded to int16 by ``quantize(x, xq, *float32 arrays of one value per 32 columns)``
-    (``per_group`` of them: its steps, and for int5 its sums) and the integer kernel (``kernels``: parallel,
-    serial); beyond, or where x is not finite (or an array is not C-contiguous), blocks of rows dequantized for
-    BLAS."""
+# Per split format: how x is rounded (and how many per-32-column arrays that gives the kernel: its steps, and for
+# int5 its sums), the integer kernels (parallel, serial) and the dequantizers for BLAS (parallel, serial).
+_SPLIT_KERNELS = {
+    Int5Weight: (
+        K.quantize_x_int5,
+        2,
+        (K.int5_matvec_int16, K.int5_matvec_int16_serial),
+        (K.int5_dequantize, K.int5_dequantize_serial),
+    ),
+    Int6Weight: (
+        K.quantize_x_int6,
+        1,
+        (K.int6_matvec_int16, K.int6_matvec_int16_serial),
+        (K.int6_dequantize, K.int6_dequantize_serial),
+    ),
+}
+
+
+def split_gemm(rt, x, w, out) -> None:
+    """int5_gemm and int6_gemm: out = x @ W.T on the weight's own arrays (float16 ones as their int16 bits, looked
+    up in F16). Up to INT8_MAX_N rows, x rounded to int16 and the integer kernel; beyond, or where x is not finite
+    (or an array is not C-contiguous), blocks of rows dequantized for BLAS."""
+    weight = w.weight
+    quantize, per_group, kernels, dequantizers = _SPLIT_KERNELS[type(weight)]
+    arrays = tuple(a.view(np.int16) if a.dtype == np.float16 else a for a in weight.arrays)
     x = _f32(x)
     n, k = x.shape
     m = out.shape[1]
@@ -311,30 +330,14 @@ def _split_gemm(rt, x, out, arrays, quantize, per_group, kernels, dequantizers) 
         _matmul(x, block.T, out[:, r0:r1])
 
 
-def int5_gemm(rt, x, w, out) -> None:
-    weight = w.weight
-    arrays = (weight.low, weight.high, weight.scale.view(np.int16), weight.bias.view(np.int16))
-    kernels = (K.int5_matvec_int16, K.int5_matvec_int16_serial)
-    _split_gemm(rt, x, out, arrays, K.quantize_x_int5, 2, kernels, (K.int5_dequantize, K.int5_dequantize_serial))
-
-
-def int6_gemm(rt, x, w, out) -> None:
-    weight = w.weight
-    arrays = (weight.ql, weight.qh, weight.sub, weight.d.view(np.int16))
-    kernels = (K.int6_matvec_int16, K.int6_matvec_int16_serial)
-    _split_gemm(rt, x, out, arrays, K.quantize_x_int6, 1, kernels, (K.int6_dequantize, K.int6_dequantize_serial))
-
-
 def linear(rt, x, w, out) -> None:
     kind = w.kind
     if kind == "int4":
         _int4_matmul(rt, x, w, out)
     elif kind == "int8":
         int8_gemm(rt, x, w, out)
-    elif kind == "int5":
-        int5_gemm(rt, x, w, out)
-    elif kind == "int6":
-        int6_gemm(rt, x, w, out)
+    elif kind in ("int5", "int6"):
+        split_gemm(rt, x, w, out)
     else:
         dense_gemm(rt, x, w, out)
 
@@ -421,8 +424,8 @@ OPS = {
     "int4_gemm": int4_gemm,
     "dense_gemm": dense_gemm,
     "int8_gemm": int8_gemm,
-    "int5_gemm": int5_gemm,
-    "int6_gemm": int6_gemm,
+    "int5_gemm": split_gemm,
+    "int6_gemm": split_gemm,
     "rmsnorm": rmsnorm,
     "add_rmsnorm": add_rmsnorm,
     "silu_mul": silu_mul,

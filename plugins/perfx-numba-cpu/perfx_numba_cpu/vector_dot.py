@@ -20,6 +20,15 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 
+def _arrays(context, builder, signature, args) -> list:
+    """The intrinsic's array arguments as numba array structs (``.data``, ``.shape``), in order; scalars skipped."""
+    return [
+        context.make_array(t)(context, builder, a)
+        for t, a in zip(signature.args, args, strict=True)
+        if isinstance(t, types.Array)
+    ]
+
+
 def scaled_rows_dot(lanes: int, tile: int):
     """An intrinsic ``(q, scales, f16, xq, xs, j0, out, r)``: out[j0 + j, r] = sum over groups g of
     (q[g] . xq[j0 + j, g]) * scale[g] * xs[j0 + j, g] for j < ``tile`` and j0 + j < len(out), groups of ``lanes``
@@ -52,11 +61,7 @@ def scaled_rows_dot(lanes: int, tile: int):
             half_lanes = lanes // 2
             wide = ir.VectorType(i32, lanes)
             sums = ir.VectorType(f32, half_lanes)
-            arrays = [
-                context.make_array(t)(context, builder, a)
-                for k, (t, a) in enumerate(zip(signature.args, args, strict=True))
-                if k not in (5, 7)
-            ]
+            arrays = _arrays(context, builder, signature, args)
             q_data, s_data, table, x_data, xs_data, out_data = (a.data for a in arrays)
             groups = builder.extract_value(arrays[1].shape, 0)
             k = builder.extract_value(arrays[3].shape, 1)
@@ -141,6 +146,25 @@ def _halves_splat(builder, first, second):
     return builder.shuffle_vector(two, two, ir.Constant(ir.VectorType(i32, 8), [0, 0, 0, 0, 1, 1, 1, 1]))
 
 
+def _store_row_sums(builder, accs, x_rows, out, column, fast: bool, extra=None) -> None:
+    """out[row, column] = the sum of the 8 float lanes of accs[j] (plus the scalar extra[j]) for each x row j that
+    lies inside out (a numba array struct): the split formats' kernels' last step."""
+    f32 = ir.FloatType()
+    lanes = ir.VectorType(f32, 8)
+    reduce = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(f32, [f32, lanes]), "llvm.vector.reduce.fadd.v8f32"
+    )
+    n_out, m_out = (builder.extract_value(out.shape, i) for i in (0, 1))
+    for j, row in enumerate(x_rows):
+        total = builder.call(reduce, [ir.Constant(f32, 0.0), builder.load(accs[j])])
+        if fast:
+            total.fastmath.add("fast")
+        if extra is not None:
+            total = builder.fadd(total, builder.load(extra[j]))
+        with builder.if_then(builder.icmp_signed("<", row, n_out)):
+            builder.store(total, builder.gep(out.data, [builder.add(builder.mul(row, m_out), column)]))
+
+
 def int5_rows_dot(tile: int):
     """An intrinsic ``(low, high, scales, biases, f16, xq, xs, sums, j0, out, r)``: out[j0 + j, r] = the dot of one
     row of an Int5Weight with rows j0 + j of x, for j < ``tile`` and j0 + j < len(out).
@@ -178,12 +202,8 @@ def int5_rows_dot(tile: int):
         def codegen(context, builder, signature, args):
             f32, i8, i16, i32 = ir.FloatType(), ir.IntType(8), ir.IntType(16), ir.IntType(32)
             intp = context.get_value_type(types.intp)
-            arrays = [
-                context.make_array(t)(context, builder, a)
-                for k, (t, a) in enumerate(zip(signature.args, args, strict=True))
-                if k not in (8, 10)
-            ]
-            low_d, high_d, s_d, b_d, table, x_d, xs_d, sums_d, out_d = (a.data for a in arrays)
+            arrays = _arrays(context, builder, signature, args)
+            low_d, high_d, s_d, b_d, table, x_d, xs_d, sums_d = (a.data for a in arrays[:8])
             groups = builder.extract_value(arrays[1].shape, 0)
             k = builder.extract_value(arrays[5].shape, 1)
             x_rows = [builder.add(args[8], ir.Constant(intp, j)) for j in range(tile)]
@@ -284,17 +304,8 @@ def int5_rows_dot(tile: int):
                 group_pair(loop.index)
             with builder.if_then(builder.trunc(groups, ir.IntType(1))):  # an odd number of groups: the last one
                 one_group(builder.sub(groups, ir.Constant(groups.type, 1)))
-            reduce = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(f32, [f32, sums_t]), "llvm.vector.reduce.fadd.v8f32"
-            )
-            n_out = builder.extract_value(arrays[8].shape, 0)
-            m_out = builder.extract_value(arrays[8].shape, 1)
-            for j, row in enumerate(x_rows):
-                total = builder.call(reduce, [ir.Constant(f32, 0.0), builder.load(accs[j])])
-                total.fastmath.add("fast")  # an unordered sum: without it LLVM adds the lanes one by one
-                total = builder.fadd(total, builder.load(bias_accs[j]))
-                with builder.if_then(builder.icmp_signed("<", row, n_out)):
-                    builder.store(total, builder.gep(out_d, [builder.add(builder.mul(row, m_out), args[10])]))
+            # an unordered sum of the lanes (without it LLVM adds them one by one), then the biases' scalar
+            _store_row_sums(builder, accs, x_rows, arrays[8], args[10], fast=True, extra=bias_accs)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -332,12 +343,8 @@ def int6_rows_dot(tile: int):
         def codegen(context, builder, signature, args):
             f32, i8, i16, i32 = ir.FloatType(), ir.IntType(8), ir.IntType(16), ir.IntType(32)
             intp = context.get_value_type(types.intp)
-            arrays = [
-                context.make_array(t)(context, builder, a)
-                for k, (t, a) in enumerate(zip(signature.args, args, strict=True))
-                if k not in (7, 9)
-            ]
-            ql_d, qh_d, sub_d, d_d, table, x_d, xs_d, out_d = (a.data for a in arrays)
+            arrays = _arrays(context, builder, signature, args)
+            ql_d, qh_d, sub_d, d_d, table, x_d, xs_d = (a.data for a in arrays[:7])
             groups = builder.extract_value(arrays[6].shape, 1)
             k = builder.extract_value(arrays[5].shape, 1)
             x_rows = [builder.add(args[7], ir.Constant(intp, j)) for j in range(tile)]
@@ -415,16 +422,8 @@ def int6_rows_dot(tile: int):
 
             with cgutils.for_range(builder, builder.udiv(k, ir.Constant(k.type, 128))) as loop:
                 half(loop.index)
-            reduce = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(f32, [f32, sums_t]), "llvm.vector.reduce.fadd.v8f32"
-            )
-            n_out = builder.extract_value(arrays[7].shape, 0)
-            m_out = builder.extract_value(arrays[7].shape, 1)
-            for j, row in enumerate(x_rows):
-                # In lane order (no fast-math): eight adds a row, the same whatever the tile.
-                total = builder.call(reduce, [ir.Constant(f32, 0.0), builder.load(accs[j])])
-                with builder.if_then(builder.icmp_signed("<", row, n_out)):
-                    builder.store(total, builder.gep(out_d, [builder.add(builder.mul(row, m_out), args[9])]))
+            # in lane order (no fast-math): eight adds a row, the same whatever the tile
+            _store_row_sums(builder, accs, x_rows, arrays[7], args[9], fast=False)
             return context.get_dummy_value()
 
         return sig, codegen

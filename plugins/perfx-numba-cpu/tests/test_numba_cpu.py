@@ -9,7 +9,7 @@ import pytest
 
 from perfx_core.errors import InvalidArgumentError
 from perfx_core.plugins import get_registry
-from perfx_core.split_weights import pack_int6, pack_split
+from perfx_core.split_weights import pack_int5, pack_int6
 from perfx_core.testing import assert_backend_conforms, isolated_plugins
 from perfx_core.weights import Int4Weight, Int5Weight, Int6Weight, Int8Weight, dequantize
 
@@ -330,7 +330,7 @@ def _split_weight(kind: str, m: int, rng) -> tuple:
         codes[0], codes[1] = 31, 0
         scale = rng.uniform(-0.02, 0.02, (m, 3)).astype(np.float16)
         bias = rng.uniform(-0.3, 0.3, (m, 3)).astype(np.float16)
-        weight = Int5Weight(*pack_split(codes, 1), scale, bias)
+        weight = Int5Weight(*pack_int5(codes), scale, bias)
         return weight, np.repeat(31 * scale[0].astype(np.float64) + bias[0], 32), 0.75
     codes = rng.integers(0, 64, (m, 512), dtype=np.uint8)
     codes[0], codes[1] = 63, 0
