@@ -57,8 +57,13 @@ TILE = 4
 # Up to this many rows the int4 kernels go row by row: two rows padded to a tile of four cost 1.05-1.25x what two
 # single-row passes cost (3072 x 576, one thread).
 ROW_BY_ROW = 2
-pairs_dot1 = int4_pairs_dot(1, ROWS)
-pairs_dot_tile = int4_pairs_dot(TILE, ROWS)
+# Rows of a block the int4 dot sums at once (vector_dot.int4_pairs_dot): a tile's 4 x 16 int32 sums fit AVX2's 16
+# registers, 4 x 64 spilled every column; 12% less time per row of a 4- or 8-row batch at 3072 x 576 and 576 x 1536
+# (`PERFX_NUMBA_PARALLEL=never python benchmarks/bench_cpu_rows.py --rows 1,2,4,8`, VM). One row keeps all 64.
+ROW_CHUNK_1 = 64
+ROW_CHUNK_TILE = 16
+pairs_dot1 = int4_pairs_dot(1, ROWS, ROW_CHUNK_1)
+pairs_dot_tile = int4_pairs_dot(TILE, ROWS, ROW_CHUNK_TILE)
 accumulate_row = scaled_accumulate(ROWS, 1)
 accumulate_tile = scaled_accumulate(ROWS, TILE)
 widen_rows = halves_to_floats(ROWS)

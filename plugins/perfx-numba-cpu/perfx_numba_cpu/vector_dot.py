@@ -431,7 +431,7 @@ def int6_rows_dot(tile: int):
     return int6_dot
 
 
-def int4_pairs_dot(tile: int, rows: int):
+def int4_pairs_dot(tile: int, rows: int, chunk: int):
     """An intrinsic ``(codes_b, i0, i1, xq, j0, dots)``: the integer dot products of the ``rows`` rows of one
     block of kernels.int4_block_layout with ``tile`` rows of x (j0 ..), over the block's byte columns i0 .. i1.
 
@@ -442,7 +442,11 @@ def int4_pairs_dot(tile: int, rows: int):
     A byte column becomes a vector of (low, high) int16 pairs, one per row, once for the tile; each row of x is
     then one multiply-add of pairs per 16 rows (vpmaddwd, fused with the add where the CPU has VNNI). Codes are at
     most 15 and x at most 32767 in magnitude, so a group of 128 columns sums to under 2^26: no overflow.
+
+    The block's rows go ``chunk`` at a time, one pass over the columns each, so that a tile's sums stay in vector
+    registers: 64 rows by 4 rows of x are 32 AVX2 registers of sums, which LLVM spilled to the stack on every column.
     """
+    assert rows % chunk == 0
 
     @intrinsic
     def pairs_dot(typingctx, codes_b, i0, i1, xq, j0, dots):
@@ -459,36 +463,39 @@ def int4_pairs_dot(tile: int, rows: int):
             c_arr, x_arr, d_arr = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 3, 5))
             start, stop, first_row = args[1], args[2], args[4]
             half = builder.extract_value(x_arr.shape, 1)
-            pairs = ir.VectorType(i32, 2 * rows)
-            sums = ir.VectorType(i32, rows)
-            accs = [cgutils.alloca_once_value(builder, ir.Constant(sums, [0] * rows)) for _ in range(tile)]
-            interleave = ir.Constant(ir.VectorType(i32, 2 * rows), [v for t in range(rows) for v in (t, rows + t)])
-            even = ir.Constant(ir.VectorType(i32, rows), list(range(0, 2 * rows, 2)))
-            odd = ir.Constant(ir.VectorType(i32, rows), list(range(1, 2 * rows, 2)))
-            splat = ir.Constant(ir.VectorType(i32, rows), [0] * rows)
-            nibble = ir.Constant(ir.VectorType(i16, rows), [15] * rows)
-            shift = ir.Constant(ir.VectorType(i16, rows), [4] * rows)
+            pairs = ir.VectorType(i32, 2 * chunk)
+            sums = ir.VectorType(i32, chunk)
+            interleave = ir.Constant(ir.VectorType(i32, 2 * chunk), [v for t in range(chunk) for v in (t, chunk + t)])
+            even = ir.Constant(ir.VectorType(i32, chunk), list(range(0, 2 * chunk, 2)))
+            odd = ir.Constant(ir.VectorType(i32, chunk), list(range(1, 2 * chunk, 2)))
+            splat = ir.Constant(ir.VectorType(i32, chunk), [0] * chunk)
+            nibble = ir.Constant(ir.VectorType(i16, chunk), [15] * chunk)
+            shift = ir.Constant(ir.VectorType(i16, chunk), [4] * chunk)
             x_rows = [builder.mul(builder.add(first_row, ir.Constant(intp, j)), half) for j in range(tile)]
-            with cgutils.for_range(builder, builder.sub(stop, start)) as loop:
-                i = builder.add(start, loop.index)
-                column = builder.gep(c_arr.data, [builder.mul(i, ir.Constant(intp, rows))])
-                codes = builder.load(builder.bitcast(column, ir.VectorType(i8, rows).as_pointer()), align=1)
-                codes = builder.zext(codes, ir.VectorType(i16, rows))
-                low, high = builder.and_(codes, nibble), builder.lshr(codes, shift)
-                weights = builder.sext(builder.shuffle_vector(low, high, interleave), pairs)
+            for c0 in range(0, rows, chunk):
+                accs = [cgutils.alloca_once_value(builder, ir.Constant(sums, [0] * chunk)) for _ in range(tile)]
+                with cgutils.for_range(builder, builder.sub(stop, start)) as loop:
+                    i = builder.add(start, loop.index)
+                    at = builder.add(builder.mul(i, ir.Constant(intp, rows)), ir.Constant(intp, c0))
+                    column = builder.gep(c_arr.data, [at])
+                    codes = builder.load(builder.bitcast(column, ir.VectorType(i8, chunk).as_pointer()), align=1)
+                    codes = builder.zext(codes, ir.VectorType(i16, chunk))
+                    low, high = builder.and_(codes, nibble), builder.lshr(codes, shift)
+                    weights = builder.sext(builder.shuffle_vector(low, high, interleave), pairs)
+                    for j in range(tile):
+                        x_pair = builder.load(builder.gep(x_arr.data, [builder.add(x_rows[j], i)]))
+                        lane0 = builder.insert_element(ir.Constant(sums, ir.Undefined), x_pair, ir.Constant(i32, 0))
+                        x_pairs = builder.shuffle_vector(lane0, ir.Constant(sums, ir.Undefined), splat)
+                        x_wide = builder.sext(builder.bitcast(x_pairs, ir.VectorType(i16, 2 * chunk)), pairs)
+                        product = builder.mul(weights, x_wide)
+                        added = builder.add(
+                            builder.shuffle_vector(product, product, even),
+                            builder.shuffle_vector(product, product, odd),
+                        )
+                        builder.store(builder.add(builder.load(accs[j]), added), accs[j])
                 for j in range(tile):
-                    x_pair = builder.load(builder.gep(x_arr.data, [builder.add(x_rows[j], i)]))
-                    lane0 = builder.insert_element(ir.Constant(sums, ir.Undefined), x_pair, ir.Constant(i32, 0))
-                    x_pairs = builder.shuffle_vector(lane0, ir.Constant(sums, ir.Undefined), splat)
-                    x_wide = builder.sext(builder.bitcast(x_pairs, ir.VectorType(i16, 2 * rows)), pairs)
-                    product = builder.mul(weights, x_wide)
-                    added = builder.add(
-                        builder.shuffle_vector(product, product, even), builder.shuffle_vector(product, product, odd)
-                    )
-                    builder.store(builder.add(builder.load(accs[j]), added), accs[j])
-            for j in range(tile):
-                target = builder.gep(d_arr.data, [ir.Constant(intp, j * rows)])
-                builder.store(builder.load(accs[j]), builder.bitcast(target, sums.as_pointer()), align=4)
+                    target = builder.gep(d_arr.data, [ir.Constant(intp, j * rows + c0)])
+                    builder.store(builder.load(accs[j]), builder.bitcast(target, sums.as_pointer()), align=4)
             return context.get_dummy_value()
 
         return sig, codegen
