@@ -228,15 +228,18 @@ def _q4_k_scales(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def q4_k_decode(blocks: np.ndarray) -> tuple[np.ndarray, ...]:
     """Q4_K as int4 with groups of 32: its codes as they are, scale d * sc (float16) and bias -dmin * m (float32,
-    exact), so a value differs from the file's only by the float16 rounding of its group's scale."""
+    exact), so a value differs from the file's only by the float16 rounding of its group's scale; then the exact
+    factors (d, dmin float16 per 256 columns; sc, m uint8 per 32: weights.Int4KScales)."""
     n = blocks.shape[0]
     b = blocks.reshape(n, -1, 144)  # d (2), dmin (2), scales (12), qs (128)
     nb = b.shape[1]
-    d = np.ascontiguousarray(b[:, :, 0:2]).view(np.float16)[:, :, 0].astype(np.float32)
-    dmin = np.ascontiguousarray(b[:, :, 2:4]).view(np.float16)[:, :, 0].astype(np.float32)
+    d16 = np.ascontiguousarray(b[:, :, 0:2]).view(np.float16)[:, :, 0]
+    dmin16 = np.ascontiguousarray(b[:, :, 2:4]).view(np.float16)[:, :, 0]
+    d, dmin = d16.astype(np.float32), dmin16.astype(np.float32)
     sc, m = _q4_k_scales(b[:, :, 4:16])
     scale = (d[:, :, None] * sc).reshape(n, -1).astype(np.float16)
     bias = (-(dmin[:, :, None] * m)).reshape(n, -1)
     qs = b[:, :, 16:].reshape(n, nb, 4, 32)  # 4 chunks of 64 values: low nibbles 32 values, high the next 32
     codes = np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(n, nb * QK_K)  # in column order
-    return codes[:, 0::2] | (codes[:, 1::2] << 4), scale, bias
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    return packed, scale, bias, d16, dmin16, sc.reshape(n, -1), m.reshape(n, -1)

@@ -42,7 +42,18 @@ from .gguf_blocks import (
     q8_0_decode,
 )
 from .gguf_file import GGUFFile, TensorInfo, read_gguf
-from .weights import BlockWeight, DenseWeight, Int4Weight, Int5Weight, Int6Weight, Int8Weight, Weight, take_rows
+from .weights import (
+    K_SUPER,
+    BlockWeight,
+    DenseWeight,
+    Int4KScales,
+    Int4Weight,
+    Int5Weight,
+    Int6Weight,
+    Int8Weight,
+    Weight,
+    take_rows,
+)
 
 _IGNORED_TENSORS = re.compile(  # read separately or unused
     r"rope_freqs\.weight|rope_factors_(?:long|short)\.weight|blk\.\d+\.attn_rot_embd"
@@ -501,7 +512,13 @@ class TensorLoader:
                 groups = cols // 32
                 out = (np.empty((rows, cols // 2), np.uint8), np.empty((rows, groups), np.float16))
                 out += (np.empty((rows, groups), np.float32),)
-                return Int4Weight(*convert_rows(raw, cols, out, _INT4_DECODERS[t], order), 32)
+                if t != GGMLQuantizationType.Q4_K:
+                    return Int4Weight(*convert_rows(raw, cols, out, _INT4_DECODERS[t], order), 32)
+                supers = cols // K_SUPER
+                out += (np.empty((rows, supers), np.float16), np.empty((rows, supers), np.float16))
+                out += (np.empty((rows, groups), np.uint8), np.empty((rows, groups), np.uint8))
+                packed, scale, bias, *factors = convert_rows(raw, cols, out, q4_k_decode, order)
+                return Int4Weight(packed, scale, bias, 32, Int4KScales(*factors))
 
             if t.name.lower() in self.keep_blocks:
                 blocks = raw if order is None else np.take(raw, order, axis=0)

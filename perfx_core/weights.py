@@ -7,6 +7,9 @@ them on its device):
   columns. Dequantized value: ``w[r, c] = q[r, c] * scale[r, c // g] + bias[r, c // g]``.
   AWQ's ``(q - zero) * scale`` is the same thing with ``bias = -zero * scale``; GGUF Q4_0 is
   ``bias = -8 * d`` and Q4_1 is ``bias = m``. The bias is float32 so all three are stored exactly.
+  GGUF Q4_K (``scale = d * sc``, ``bias = -dmin * m``, 6-bit sc and m per 32, float16 d and dmin per 256) is
+  this format with its scale rounded to float16; its factors ride along as ``Int4KScales``, exact, for a
+  runtime that holds them instead (0.58 bytes per weight, the file's 0.56).
 - ``Int8Weight``: int8 codes with one scale per group: ``w[r, c] = q[r, c] * scale[r, c // g]``.
   GGUF Q8_0 (``d * q``, 32 per block) is this format bit for bit with float16 scales, and so is Q5_0 (``q`` in
   -16..15); Q6_K (``q`` in -32..31 per 16, scaled by a float16 ``d`` times an int8 sub-scale) exactly with
@@ -39,12 +42,54 @@ SUPPORTED_GROUP_SIZES = (32, 64, 128)
 INT8_GROUP_SIZES = (16, *SUPPORTED_GROUP_SIZES)  # 16: Q6_K's sub-blocks
 
 
+K_SUPER = 256  # columns per Q4_K super-block: one d and one dmin
+
+
+@dataclass(frozen=True)
+class Int4KScales:
+    """A GGUF Q4_K weight's own scales: group g of row r has scale ``d[r, g // 8] * sc[r, g]`` and bias
+    ``-dmin[r, g // 8] * m[r, g]`` (groups of 32 columns), both exact in float32."""
+
+    d: np.ndarray  # float16 (rows, cols // 256)
+    dmin: np.ndarray  # float16 (rows, cols // 256)
+    sc: np.ndarray  # uint8 (rows, cols // 32), 0..63
+    m: np.ndarray  # uint8 (rows, cols // 32), 0..63
+
+    def __post_init__(self) -> None:
+        rows, groups = self.sc.shape
+        supers = groups * 32 // K_SUPER
+        if self.d.dtype != np.float16 or self.dmin.dtype != np.float16 or self.sc.dtype != np.uint8:
+            raise InvalidArgumentError("Int4KScales wants d and dmin float16, sc and m uint8")
+        if self.m.shape != self.sc.shape or self.m.dtype != np.uint8 or groups * 32 % K_SUPER:
+            raise InvalidArgumentError(
+                f"Int4KScales: sc {self.sc.shape} and m {self.m.shape} must be equal uint8 arrays"
+            )
+        if self.d.shape != (rows, supers) or self.dmin.shape != (rows, supers):
+            raise InvalidArgumentError(f"Int4KScales: d/dmin {self.d.shape}/{self.dmin.shape}, want ({rows}, {supers})")
+
+    @property
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        return self.d, self.dmin, self.sc, self.m
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays)
+
+    def scale_bias(self) -> tuple[np.ndarray, np.ndarray]:
+        """Int4Weight's (scale float16, bias float32) of these factors."""
+        per_group = K_SUPER // 32
+        d = np.repeat(self.d.astype(np.float32), per_group, axis=1)
+        dmin = np.repeat(self.dmin.astype(np.float32), per_group, axis=1)
+        return (d * self.sc).astype(np.float16), -(dmin * self.m)
+
+
 @dataclass(frozen=True)
 class Int4Weight:
     packed: np.ndarray  # uint8 (rows, cols // 2)
     scale: np.ndarray  # float16 (rows, cols // group_size)
     bias: np.ndarray  # float32 (rows, cols // group_size)
     group_size: int
+    k_scales: Int4KScales | None = None  # a GGUF Q4_K weight's exact factors of scale and bias
 
     def __post_init__(self) -> None:
         rows, half = self.packed.shape
@@ -59,6 +104,10 @@ class Int4Weight:
             raise InvalidArgumentError(
                 f"scale/bias shapes {self.scale.shape}/{self.bias.shape} do not match ({rows}, {groups})"
             )
+        if self.k_scales is not None and (self.group_size != 32 or self.k_scales.sc.shape != (rows, groups)):
+            raise InvalidArgumentError(
+                f"Q4_K factors {self.k_scales.sc.shape} need group size 32 and ({rows}, {groups}) groups"
+            )
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -66,7 +115,8 @@ class Int4Weight:
 
     @property
     def nbytes(self) -> int:
-        return self.packed.nbytes + self.scale.nbytes + self.bias.nbytes
+        extra = 0 if self.k_scales is None else self.k_scales.nbytes
+        return self.packed.nbytes + self.scale.nbytes + self.bias.nbytes + extra
 
 
 @dataclass(frozen=True)
@@ -324,11 +374,16 @@ def concat_rows(weights: list[Weight]) -> Weight | RowParts:
         if all(isinstance(w, split) for w in weights):
             return split(*(np.concatenate(parts) for parts in zip(*(w.arrays for w in weights), strict=True)))
     if all(isinstance(w, Int4Weight) for w in weights) and len({w.group_size for w in weights}) == 1:  # type: ignore[union-attr]
+        factors = [w.k_scales for w in weights]  # type: ignore[union-attr]
+        joined = None
+        if None not in factors:
+            joined = Int4KScales(*(np.concatenate(a) for a in zip(*(f.arrays for f in factors), strict=True)))  # type: ignore[union-attr]
         return Int4Weight(
             np.concatenate([w.packed for w in weights]),  # type: ignore[union-attr]
             np.concatenate([w.scale for w in weights]),  # type: ignore[union-attr]
             np.concatenate([w.bias for w in weights]),  # type: ignore[union-attr]
             weights[0].group_size,  # type: ignore[union-attr]
+            joined,
         )
     if all(isinstance(w, Int8Weight | DenseWeight) for w in weights):
         # Next to float32 parts an int8 one widens to float32 too (its values exactly), else to its dense_dtype.
@@ -378,9 +433,11 @@ def take_rows(weight: Weight, order: np.ndarray) -> Weight:
         )
     if isinstance(weight, Int5Weight | Int6Weight):
         return type(weight)(*(np.ascontiguousarray(a[order]) for a in weight.arrays))
+    factors = weight.k_scales
     return Int4Weight(
         np.ascontiguousarray(weight.packed[order]),
         np.ascontiguousarray(weight.scale[order]),
         np.ascontiguousarray(weight.bias[order]),
         weight.group_size,
+        None if factors is None else Int4KScales(*(np.ascontiguousarray(a[order]) for a in factors.arrays)),
     )

@@ -34,6 +34,7 @@ from perfx_core.weights import (
     concat_rows,
     dequantize,
     for_runtime,
+    take_rows,
 )
 
 LOSSLESS = ("F32", "F16", "BF16", "Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1")
@@ -273,6 +274,18 @@ def test_k_quants_load_with_their_own_codes(tmp_path: Path, tensor_type: str, ki
         assert isinstance(w, kind) and w.group_size == 32, name
         nmse = float(((dequantize(w) - want) ** 2).mean() / (want**2).mean())
         assert nmse < 1e-6, (name, nmse)
+        if kind is Int4Weight:  # Q4_K's own factors ride along and give the file's values exactly
+            f = w.k_scales
+            scale = np.repeat(f.d.astype(np.float64), 8, axis=1) * f.sc
+            bias = -np.repeat(f.dmin.astype(np.float64), 8, axis=1) * f.m
+            codes = np.stack((w.packed & 15, w.packed >> 4), axis=-1).reshape(*scale.shape, 32)
+            exact = codes * scale[..., None] + bias[..., None]
+            np.testing.assert_array_equal(exact.reshape(want.shape), want, err_msg=name)
+            np.testing.assert_array_equal(f.scale_bias()[1], w.bias)
+            assert w.nbytes - f.nbytes == w.packed.nbytes + w.scale.nbytes + w.bias.nbytes
+            both = concat_rows([w, take_rows(w, np.arange(w.shape[0])[::-1])])
+            np.testing.assert_array_equal(both.k_scales.sc[: w.shape[0]], f.sc)
+            np.testing.assert_array_equal(both.k_scales.d[w.shape[0] :], f.d[::-1])
 
 
 @pytest.mark.parametrize(

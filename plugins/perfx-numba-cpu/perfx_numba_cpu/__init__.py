@@ -43,7 +43,7 @@ from perfx_numpy import ops as numpy_ops
 from perfx_core.errors import InvalidArgumentError
 from perfx_core.hookspecs import hookimpl
 from perfx_core.ops import generic_gate_up_silu
-from perfx_core.weights import Int4Weight, Int5Weight, Int6Weight
+from perfx_core.weights import Int4KScales, Int4Weight, Int5Weight, Int6Weight
 
 from . import compile_notice  # noqa: F401  (announces a first compile)
 from . import kernels as K
@@ -143,18 +143,25 @@ class _Int4Layout:
     The kernels read the blocks for every n: the GEMV walks them, prefill dequantizes them into W.T for BLAS and
     the embedding lookup gathers rows from them. So the handle's row-major arrays are let go (NumpyWeight.hand_over)
     and the weight is held in about the file's bytes (GGUF Q4_0/Q4_1: 0.625 bytes per weight, float16 scales and
-    biases; Q4_K 0.69, float32 biases)."""
+    biases; Q4_K 0.58, its own 6-bit sc and m per 32 and float16 d and dmin per 256)."""
 
-    __slots__ = ("codes", "scales", "biases", "shape", "group_size")
+    __slots__ = ("codes", "scales", "biases", "supers", "shape", "group_size")
 
     def __init__(self, weight: Int4Weight):
         self.shape = weight.shape
         self.group_size = weight.group_size
-        self.codes, self.scales, self.biases = K.int4_block_layout(weight.packed, weight.scale, weight.bias)
+        factors = None if weight.k_scales is None else weight.k_scales.arrays
+        layout = K.int4_block_layout(weight.packed, weight.scale, weight.bias, factors)
+        self.codes, self.scales, self.biases, self.supers = layout
+
+    @property
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """What the int4 kernels take: codes, scales, biases, supers (kernels.int4_block_layout)."""
+        return self.codes, self.scales, self.biases, self.supers
 
     def as_weight(self) -> Int4Weight:
-        packed, scale, bias = K.int4_row_major(self.codes, self.scales, self.biases, self.shape[0])
-        return Int4Weight(packed, scale, bias, self.group_size)
+        packed, scale, bias, factors = K.int4_row_major(*self.arrays, self.shape[0])
+        return Int4Weight(packed, scale, bias, self.group_size, None if factors is None else Int4KScales(*factors))
 
 
 def _int4_layout(rt, w) -> _Int4Layout:
@@ -166,7 +173,7 @@ def _int4_layout(rt, w) -> _Int4Layout:
         layout = _Int4Layout(weight)
         track = getattr(rt, "track", None)
         if track is not None:
-            for array in (layout.codes, layout.scales, layout.biases):
+            for array in layout.arrays:
                 track(array)
         setattr(w, ATTR, layout)
         hand_over = getattr(w, "hand_over", None)
@@ -191,7 +198,7 @@ def _int4_matmul(rt, x, w, out) -> None:
     n = x.shape[0]
     if _packed(n):
         work = n * layout.codes.size * 2
-        if _run(K.int4_matvec, K.int4_matvec_serial, work, layout.codes, layout.scales, layout.biases, x, out):
+        if _run(K.int4_matvec, K.int4_matvec_serial, work, *layout.arrays, x, out):
             return
         # x holds an infinity or NaN: the float path below propagates it as the contract asks
     m, k = layout.shape
@@ -202,14 +209,14 @@ def _int4_matmul(rt, x, w, out) -> None:
     dequantize = K.int4_dequantize_t if PARALLEL_MODE == "always" else K.int4_dequantize_t_serial
     if rows >= m:
         wt = tile[:, : layout.codes.shape[0] * K.ROWS]
-        dequantize(layout.codes, layout.scales, layout.biases, 0, wt)
+        dequantize(*layout.arrays, 0, wt)
         _matmul(x, wt[:, :m], out)
         return
     part = rt.scratch("numba_cpu.tile_out", (n, rows))
     for r0 in range(0, m, rows):
         r1 = min(m, r0 + rows)
         wt = tile[:, : -(-(r1 - r0) // K.ROWS) * K.ROWS]
-        dequantize(layout.codes, layout.scales, layout.biases, r0 // K.ROWS, wt)
+        dequantize(*layout.arrays, r0 // K.ROWS, wt)
         _matmul(x, wt[:, : r1 - r0], part[:, : r1 - r0])
         out[:, r0:r1] = part[:, : r1 - r0]
 
@@ -223,7 +230,7 @@ def embedding(rt, table, ids, out) -> None:
     ids = np.ascontiguousarray(ids, dtype=np.int64)
     if len(ids) and (ids.min() < 0 or ids.max() >= layout.shape[0]):  # the kernel does not check its reads
         raise InvalidArgumentError(f"embedding ids must lie in [0, {layout.shape[0]}); got {ids.min()}..{ids.max()}")
-    K.int4_rows(layout.codes, layout.scales, layout.biases, ids, out)
+    K.int4_rows(*layout.arrays, ids, out)
 
 
 def int4_gemv(rt, x, w, out) -> None:
@@ -347,7 +354,7 @@ def gate_up_silu(rt, x, w, out) -> None:
     if w.kind == "int4" and _packed(n) and f % K.ROWS == 0:
         layout = _int4_layout(rt, w)
         work = n * layout.codes.size * 2
-        args = (layout.codes, layout.scales, layout.biases, _f32(x), out)
+        args = (*layout.arrays, _f32(x), out)
         if _run(K.int4_gate_up_silu, K.int4_gate_up_silu_serial, work, *args):
             return
     generic_gate_up_silu(rt, x, w, out)  # the generic composition, on this plugin's linear and silu_mul
@@ -360,7 +367,7 @@ def linear_add_rmsnorm(rt, x, w, residual, weight, eps, out) -> None:
     if w.kind == "int4" and _packed(n):
         layout = _int4_layout(rt, w)
         work = n * layout.codes.size * 2
-        args = (layout.codes, layout.scales, layout.biases, _f32(x), residual, weight, np.float32(eps), out)
+        args = (*layout.arrays, _f32(x), residual, weight, np.float32(eps), out)
         if _run(K.int4_matvec_add_rmsnorm, K.int4_matvec_add_rmsnorm_serial, work, *args):
             return
     delta = rt.scratch("linear_add_rmsnorm", out.shape)

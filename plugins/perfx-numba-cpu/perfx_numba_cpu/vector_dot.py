@@ -563,36 +563,38 @@ def floats_to_halves(count: int):
 
 
 def scaled_accumulate(rows: int, tile: int):
-    """An intrinsic ``(scales_b, biases_b, g, xs, sums, j0, dots, acc)``: for j < ``tile`` and t < ``rows``,
+    """An intrinsic ``(scales_b, biases_b, supers_b, g, xs, sums, j0, dots, acc)``: for j < ``tile`` and t < ``rows``,
     acc[j, t] += scale[g, t] * xs[j0 + j, g] * dots[j, t] + bias[g, t] * sums[j0 + j, g], the int4 kernels' epilogue
     of a group for ``tile`` rows of x.
 
-    scales_b (groups, rows) int16: float16 bits; biases_b (groups, rows) the same, or float32; xs and sums (n, groups)
-    float32; dots (tile, rows) int32; acc (tile, rows) float32; all C-contiguous. The float16 values are widened in
-    registers (vcvtph2ps with F16C) once for the tile: widening a group into a buffer first made SmolLM2's decode
-    5-10% slower than float32 scales did, in alternating runs on the VM. Every row of x gets the same instructions
-    whatever the tile, in IEEE order, so a row's result does not depend on the batch it is in."""
+    scales_b (groups, rows) int16: float16 bits; biases_b (groups, rows) the same, or float32; or both uint8, GGUF
+    Q4_K's sc and m, with scale = d * sc and bias = -dmin * m for the float16 bits of d and dmin in supers_b
+    (2 * groups / 8, rows) int16, rows 2s and 2s + 1 for groups 8s .. 8s + 7 (kernels.int4_block_layout); xs and
+    sums (n, groups) float32; dots (tile, rows) int32; acc (tile, rows) float32; all C-contiguous. The float16
+    values are widened in registers (vcvtph2ps with F16C) once for the tile: widening a group into a buffer first
+    made SmolLM2's decode 5-10% slower than float32 scales did, in alternating runs on the VM. Every row of x gets
+    the same instructions whatever the tile, in IEEE order, so a row's result does not depend on the batch it is in."""
 
     @intrinsic
-    def accumulate(typingctx, scales_b, biases_b, g, xs, sums, j0, dots, acc):
-        arrays = (scales_b, biases_b, xs, sums, dots, acc)
+    def accumulate(typingctx, scales_b, biases_b, supers_b, g, xs, sums, j0, dots, acc):
+        arrays = (scales_b, biases_b, supers_b, xs, sums, dots, acc)
         if not all(isinstance(a, types.Array) and a.ndim == 2 and a.layout == "C" for a in arrays):
             return None
-        if scales_b.dtype != types.int16 or biases_b.dtype not in (types.int16, types.float32):
+        factored = scales_b.dtype == types.uint8 and biases_b.dtype == types.uint8
+        plain = scales_b.dtype == types.int16 and biases_b.dtype in (types.int16, types.float32)
+        if not (factored or plain) or supers_b.dtype != types.int16:
             return None
         if xs.dtype != types.float32 or sums.dtype != types.float32:
             return None
         if dots.dtype != types.int32 or acc.dtype != types.float32:
             return None
-        sig = types.void(scales_b, biases_b, types.intp, xs, sums, types.intp, dots, acc)
+        sig = types.void(scales_b, biases_b, supers_b, types.intp, xs, sums, types.intp, dots, acc)
 
         def codegen(context, builder, signature, args):
             f32, i32 = ir.FloatType(), ir.IntType(32)
             floats = ir.VectorType(f32, rows)
-            s_arr, b_arr, x_arr, u_arr, d_arr, a_arr = (
-                context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 1, 3, 4, 6, 7)
-            )
-            g, j0 = args[2], args[5]
+            s_arr, b_arr, u_arr, x_arr, sum_arr, d_arr, a_arr = _arrays(context, builder, signature, args)
+            g, j0 = args[3], args[6]
             groups = builder.extract_value(x_arr.shape, 1)
             group_at = builder.mul(g, ir.Constant(g.type, rows))
 
@@ -600,10 +602,15 @@ def scaled_accumulate(rows: int, tile: int):
                 pointer = builder.bitcast(builder.gep(data, [at]), ir.VectorType(element, rows).as_pointer())
                 return builder.load(pointer, align=2)
 
+            def halves(data, at):
+                bits = builder.bitcast(load(data, at, ir.IntType(16)), ir.VectorType(ir.HalfType(), rows))
+                return builder.fpext(bits, floats)
+
             def values(data, dtype):
                 if dtype == types.int16:
-                    halves = builder.bitcast(load(data, group_at, ir.IntType(16)), ir.VectorType(ir.HalfType(), rows))
-                    return builder.fpext(halves, floats)
+                    return halves(data, group_at)
+                if dtype == types.uint8:
+                    return builder.uitofp(load(data, group_at, ir.IntType(8)), floats)
                 return load(data, group_at, f32)
 
             def splat(value):
@@ -613,6 +620,23 @@ def scaled_accumulate(rows: int, tile: int):
 
             scale = values(s_arr.data, signature.args[0].dtype)
             bias = values(b_arr.data, signature.args[1].dtype)
+            if factored:  # d * sc and -(dmin * m): exact in float32 (11-bit times 6-bit significands)
+                per_super = builder.sdiv(
+                    builder.mul(builder.extract_value(s_arr.shape, 0), ir.Constant(g.type, 2)),
+                    builder.extract_value(u_arr.shape, 0),
+                )
+                d_at = builder.mul(
+                    builder.mul(builder.sdiv(g, per_super), ir.Constant(g.type, 2)), ir.Constant(g.type, rows)
+                )
+                scale = builder.fmul(halves(u_arr.data, d_at), scale)
+                dmin = halves(u_arr.data, builder.add(d_at, ir.Constant(g.type, rows)))
+                bias = builder.fneg(builder.fmul(dmin, bias))
+                # The fence keeps fast-math around the kernel from regrouping d * sc * x's scale differently in
+                # the row and the tile forms (a row's result would then depend on its batch).
+                fence = cgutils.get_or_insert_function(
+                    builder.module, ir.FunctionType(floats, [floats]), f"llvm.arithmetic.fence.v{rows}f32"
+                )
+                scale, bias = builder.call(fence, [scale]), builder.call(fence, [bias])
             fma = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(floats, [floats] * 3), f"llvm.fma.v{rows}f32"
             )
@@ -620,7 +644,7 @@ def scaled_accumulate(rows: int, tile: int):
                 row_at = ir.Constant(g.type, j * rows)
                 x_at = builder.add(builder.mul(builder.add(j0, ir.Constant(j0.type, j)), groups), g)
                 f = splat(builder.load(builder.gep(x_arr.data, [x_at])))
-                xg = splat(builder.load(builder.gep(u_arr.data, [x_at])))
+                xg = splat(builder.load(builder.gep(sum_arr.data, [x_at])))
                 dots = builder.sitofp(load(d_arr.data, row_at, i32), floats)
                 target = builder.bitcast(builder.gep(a_arr.data, [row_at]), floats.as_pointer())
                 # One explicit fma and no fast-math: LLVM cannot contract or reorder these differently for the row

@@ -11,7 +11,7 @@ from perfx_core.errors import InvalidArgumentError
 from perfx_core.plugins import get_registry
 from perfx_core.split_weights import pack_int5, pack_int6
 from perfx_core.testing import assert_backend_conforms, isolated_plugins
-from perfx_core.weights import Int4Weight, Int5Weight, Int6Weight, Int8Weight, dequantize
+from perfx_core.weights import Int4KScales, Int4Weight, Int5Weight, Int6Weight, Int8Weight, dequantize
 
 PLUGIN = "numba-cpu"
 INSTALLED = any(ep.name == PLUGIN for ep in importlib.metadata.entry_points(group="perfx"))
@@ -107,12 +107,14 @@ def test_int4_gemv_keeps_weights_packed(plugin_env):
 
 
 @pytest.mark.parametrize("mode", ["never", "always"])
-@pytest.mark.parametrize("bias_kind", ["float16", "float32"])
+@pytest.mark.parametrize("bias_kind", ["float16", "float32", "q4_k"])
 def test_int4_weight_is_held_once_as_the_kernels_blocks(plugin_env, monkeypatch, mode, bias_kind):
     """At its first matmul an int4 weight becomes the kernels' blocks and its row-major arrays are freed: the
     handle holds the codes, the float16 scales and the biases once (float16 where they are exactly float16, as
-    GGUF Q4_0/Q4_1's; float32 otherwise, as Q4_K's). Every path reads the blocks: the GEMV, prefill's BLAS path
-    (whole and in tiles), the embedding lookup, and a rebuilt Int4Weight for any other op, bit for bit."""
+    GGUF Q4_0/Q4_1's; float32 otherwise), or a Q4_K weight's own factors (uint8 sc and m per 32 columns, float16
+    d and dmin per 256), whose products it takes exactly, not the float16 rounding of d * sc. Every path reads the
+    blocks: the GEMV, prefill's BLAS path (whole and in tiles), the embedding lookup, and a rebuilt Int4Weight for
+    any other op, bit for bit."""
     import gc
     import weakref
 
@@ -120,16 +122,33 @@ def test_int4_weight_is_held_once_as_the_kernels_blocks(plugin_env, monkeypatch,
 
     monkeypatch.setattr(perfx_numba_cpu, "PARALLEL_MODE", mode)
     rng = np.random.default_rng(5)
-    m, k = 200, 128  # not a whole number of 64-row blocks: the last one is padded
-    bias = rng.normal(0.0, 0.1, (m, k // 32))
-    weight = Int4Weight(
-        rng.integers(0, 256, (m, k // 2), dtype=np.uint8),
-        rng.uniform(-0.05, 0.05, (m, k // 32)).astype(np.float16),
-        bias.astype(np.float16).astype(np.float32) if bias_kind == "float16" else bias.astype(np.float32),
-        32,
-    )
+    m, k = 200, 128 if bias_kind != "q4_k" else 512  # not a whole number of 64-row blocks: the last one is padded
+    packed = rng.integers(0, 256, (m, k // 2), dtype=np.uint8)
+    if bias_kind == "q4_k":
+        factors = Int4KScales(
+            rng.uniform(1e-4, 2e-3, (m, k // 256)).astype(np.float16),
+            rng.uniform(1e-4, 2e-3, (m, k // 256)).astype(np.float16),
+            rng.integers(0, 64, (m, k // 32), dtype=np.uint8),
+            rng.integers(0, 64, (m, k // 32), dtype=np.uint8),
+        )
+        weight = Int4Weight(packed, *factors.scale_bias(), 32, factors)
+        exact_scale = np.repeat(factors.d.astype(np.float64), 8, axis=1) * factors.sc
+        exact_bias = -np.repeat(factors.dmin.astype(np.float64), 8, axis=1) * factors.m
+        codes = np.stack((packed & 15, packed >> 4), axis=-1).reshape(m, k // 32, 32)
+        values = (codes * exact_scale[..., None] + exact_bias[..., None]).reshape(m, k)
+        assert not np.array_equal(weight.scale.astype(np.float64), exact_scale)  # float16 rounds some d * sc
+    else:
+        bias = rng.normal(0.0, 0.1, (m, k // 32))
+        weight = Int4Weight(
+            packed,
+            rng.uniform(-0.05, 0.05, (m, k // 32)).astype(np.float16),
+            bias.astype(np.float16).astype(np.float32) if bias_kind == "float16" else bias.astype(np.float32),
+            32,
+        )
+        values = dequantize(weight, np.float64)
     arrays = [a.copy() for a in (weight.packed, weight.scale, weight.bias)]
-    values = dequantize(weight, np.float64)
+    if weight.k_scales is not None:
+        arrays += [a.copy() for a in weight.k_scales.arrays]
     rt = get_registry(refresh=True).open_runtime("numpy")
     before = rt.allocated_bytes
     w = rt.prepare_weight(weight)
@@ -140,14 +159,27 @@ def test_int4_weight_is_held_once_as_the_kernels_blocks(plugin_env, monkeypatch,
     out = np.empty((1, m), dtype=np.float32)
     rt.ops.linear(x, w, out)
     assert_within(out, x @ values.T, int16_rounding_bound(x, values, 32))
+    xs = rng.standard_normal((5, k)).astype(np.float32)  # a tile and a padded one: each row as if alone
+    batch = np.empty((5, m), dtype=np.float32)
+    rt.ops.linear(xs, w, batch)
+    assert_within(batch, xs @ values.T, int16_rounding_bound(xs, values, 32))
+    for j in range(5):
+        rt.ops.linear(xs[j : j + 1], w, out)
+        np.testing.assert_array_equal(batch[j], out[0])
     gc.collect()
     assert gone() is None and w._weight is None  # the row-major arrays are freed
     blocks = 256  # rows, padded
-    bias_bytes = 2 if bias_kind == "float16" else 4
-    held = blocks * (k // 2 + (k // 32) * (2 + bias_bytes))
+    if bias_kind == "q4_k":  # 0.578 bytes per weight, the file's 0.5625 (144 bytes per 256)
+        held = blocks * (k // 2 + (k // 32) * 2 + (k // 256) * 4)
+    else:
+        held = blocks * (k // 2 + (k // 32) * (2 + (2 if bias_kind == "float16" else 4)))
     assert rt.weight_bytes(w) == held
     assert rt.allocated_bytes - before == held
-    for got, want in zip((w.weight.packed, w.weight.scale, w.weight.bias), arrays, strict=True):
+    rebuilt = w.weight
+    got_arrays = [rebuilt.packed, rebuilt.scale, rebuilt.bias]
+    if bias_kind == "q4_k":
+        got_arrays += list(rebuilt.k_scales.arrays)
+    for got, want in zip(got_arrays, arrays, strict=True):
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(got, want)
     ids = np.array([0, 199, 64, 63, 5, 199], dtype=np.int64)
