@@ -161,7 +161,10 @@ class _Int4Layout:
 
     def as_weight(self) -> Int4Weight:
         packed, scale, bias, factors = K.int4_row_major(*self.arrays, self.shape[0])
-        return Int4Weight(packed, scale, bias, self.group_size, None if factors is None else Int4KScales(*factors))
+        if factors is None:
+            return Int4Weight(packed, scale, bias, self.group_size)
+        k_scales = Int4KScales(*factors)
+        return Int4Weight(packed, *k_scales.scale_bias(), self.group_size, k_scales)
 
 
 def _int4_layout(rt, w) -> _Int4Layout:

@@ -111,8 +111,9 @@ def _blocked(rows, blocks):
 
 
 def int4_row_major(codes, scales, biases, supers, m):
-    """The row-major (packed, scale float16, bias float32, Q4_K factors or None) of a weight in int4_block_layout
-    (perfx_core's Int4Weight arrays), for a generic op that asks for them."""
+    """The row-major (packed, scale float16, bias float32, None) of a weight in int4_block_layout (perfx_core's
+    Int4Weight arrays), for a generic op that asks for them; of a Q4_K layout (packed, None, None, its factors
+    d, dmin, sc, m), whose scale and bias weights.Int4KScales.scale_bias gives."""
 
     def unblocked(a):
         return np.ascontiguousarray(a.transpose(0, 2, 1).reshape(-1, a.shape[1])[:m])
@@ -120,11 +121,7 @@ def int4_row_major(codes, scales, biases, supers, m):
     if scales.dtype == np.uint8:
         factors = unblocked(supers)
         d, dmin = (np.ascontiguousarray(factors[:, i::2]).view(np.float16) for i in (0, 1))
-        sc, mins = unblocked(scales), unblocked(biases)
-        per_group = sc.shape[1] // d.shape[1]
-        scale = (np.repeat(d.astype(np.float32), per_group, axis=1) * sc).astype(np.float16)
-        bias = -(np.repeat(dmin.astype(np.float32), per_group, axis=1) * mins)
-        return unblocked(codes), scale, bias, (d, dmin, sc, mins)
+        return unblocked(codes), None, None, (d, dmin, unblocked(scales), unblocked(biases))
     scale = unblocked(scales).view(np.float16)
     bias = unblocked(biases)
     bias = bias.view(np.float16).astype(np.float32) if bias.dtype == np.int16 else bias
