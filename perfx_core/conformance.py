@@ -23,6 +23,7 @@ from .backend import AttentionSpec, KVCacheSpec, RopeTable
 from .errors import InvalidArgumentError
 from .ops import FORMAT_OPS, OP_NAMES
 from .split_weights import pack_int5, pack_int6
+from .synthetic import random_q4_k
 from .weights import DenseWeight, Int4Weight, Int5Weight, Int6Weight, Int8Weight, Weight, concat_rows, quantize_rtn
 
 MATMUL_LIMIT = 5e-4  # matmuls, int4 embedding, attention: float32 sums over many terms
@@ -155,7 +156,7 @@ class _Trial:
 
     def weight(self, weight: Weight) -> Any:
         if isinstance(weight, Int4Weight):
-            arrays = [weight.packed, weight.scale, weight.bias]
+            arrays = [weight.packed, weight.scale, weight.bias, *(weight.k_scales.arrays if weight.k_scales else ())]
         elif isinstance(weight, Int5Weight | Int6Weight):
             arrays = list(weight.arrays)
         else:
@@ -242,9 +243,12 @@ def _activations(rng: np.random.Generator, shape: tuple[int, ...], decades: floa
 
 
 def _int4(rng: np.random.Generator, m: int, k: int, group: int, how: str) -> Int4Weight:
-    """An int4 weight from quantize_rtn of random data ("rtn"), or with random codes, scales and biases."""
+    """An int4 weight from quantize_rtn of random data ("rtn"), with random codes, scales and biases ("random"), or
+    as GGUF Q4_K makes one ("q4_k": random 6-bit sc and m per 32 columns, float16 d and dmin per 256)."""
     if how == "rtn":
         return quantize_rtn(rng.standard_normal((m, k)).astype(np.float32) * 0.05, group)
+    if how == "q4_k":
+        return random_q4_k(m, k, rng)
     packed = rng.integers(0, 256, (m, k // 2), dtype=np.uint8)
     scale = rng.uniform(-0.05, 0.05, (m, k // group)).astype(np.float16)
     bias = rng.normal(0.0, 0.1, (m, k // group)).astype(np.float32)
@@ -636,6 +640,7 @@ def _cases(op: str) -> list[tuple[str, float, Body]]:
             _embedding_case(64, ("dense", 513, 129, "float32")),
             _embedding_case(2, ("dense", 513, 77, "float16")),
             _embedding_case(64, ("int4", 2000, 96, 32, "random")),
+            _embedding_case(9, ("int4", 300, 512, 32, "q4_k")),
         ]
     if op == "int4_gemv":
         return [
@@ -645,6 +650,7 @@ def _cases(op: str) -> list[tuple[str, float, Body]]:
             _matmul_case(op, 1, ("int4", 4097, 128, 128, "random")),
             _matmul_case(op, 1, ("int4", 1536, 576, 64, "rtn")),
             _matmul_case(op, 1, ("int4", 129, 384, 128, "rtn")),
+            _matmul_case(op, 1, ("int4", 257, 512, 32, "q4_k")),
         ]
     if op == "int4_gemm":
         return [
@@ -656,6 +662,8 @@ def _cases(op: str) -> list[tuple[str, float, Body]]:
             _matmul_case(op, 17, ("int4", 129, 384, 32, "random")),
             _matmul_case(op, 64, ("int4", 1536, 576, 64, "random")),
             _matmul_case(op, 200, ("int4", 300, 256, 32, "random")),  # past 64 tokens: tiled GEMMs
+            _matmul_case(op, 6, ("int4", 129, 256, 32, "q4_k")),
+            _matmul_case(op, 80, ("int4", 200, 512, 32, "q4_k")),
         ]
     if op == "dense_gemm":
         return [
@@ -681,6 +689,7 @@ def _cases(op: str) -> list[tuple[str, float, Body]]:
             _matmul_case(op, 5, ("int4", 128, 192, 32, "random")),
             _matmul_case(op, 17, ("dense", 128, 96, "float16")),
             _matmul_case(op, 40, ("int4", 130, 128, 32, "rtn")),
+            _matmul_case(op, 3, ("int4", 258, 256, 32, "q4_k")),
         ]
     if op == "argmax":
         return [
@@ -711,6 +720,7 @@ def _cases(op: str) -> list[tuple[str, float, Body]]:
             _linear_norm_case(3, ("int4", 4097, 64, 64, "random"), 1e-5),
             _linear_norm_case(17, ("int4", 96, 128, 32, "rtn"), 1e-5),
             _linear_norm_case(32, ("int4", 200, 256, 128, "random"), 1e-5),  # two 16-token groups on matrix units
+            _linear_norm_case(20, ("int4", 129, 256, 32, "q4_k"), 1e-5),
             _linear_norm_case(2, ("dense", 129, 96, "float16"), 1e-5),
         ]
     if op == "linear_post_norm_add_rmsnorm":

@@ -70,7 +70,7 @@ def dequantize_int6(ql: np.ndarray, qh: np.ndarray, sub: np.ndarray, d: np.ndarr
 def weight_values(weight: Weight) -> np.ndarray:
     """The (rows, cols) float64 values a weight stands for, in any host format."""
     if isinstance(weight, Int4Weight):
-        return dequantize_int4(weight.packed, weight.scale, weight.bias, weight.group_size)
+        return dequantize_int4(weight.packed, *weight.factors(), weight.group_size)
     if isinstance(weight, Int8Weight):
         return dequantize_int8(weight.codes, weight.scale, weight.group_size)
     if isinstance(weight, Int5Weight):

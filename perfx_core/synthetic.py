@@ -10,7 +10,7 @@ import numpy as np
 
 from .config import LayerWeights, LlamaConfig, LlamaWeights
 from .errors import InvalidArgumentError
-from .weights import BlockWeight, Int4Weight
+from .weights import K_SUPER, BlockWeight, Int4KScales, Int4Weight
 
 LLAMA2_7B = LlamaConfig(
     vocab_size=32000,
@@ -53,6 +53,16 @@ def random_int4(rows: int, cols: int, group_size: int, rng: np.random.Generator)
     packed = np.frombuffer(rng.bytes(rows * cols // 2), dtype=np.uint8).reshape(rows, cols // 2).copy()
     scale = (0.005 + 0.01 * rng.random((rows, cols // group_size), dtype=np.float32)).astype(np.float16)
     return Int4Weight(packed, scale, -8.0 * scale.astype(np.float32), group_size)
+
+
+def random_q4_k(rows: int, cols: int, rng: np.random.Generator) -> Int4Weight:
+    """An int4 weight as GGUF Q4_K makes one: random codes, 6-bit sc and m per 32 columns, float16 d and dmin per
+    256 (``cols`` a multiple of 256), carried as its own factors (Int4Weight.k_scales)."""
+    packed = rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8)
+    d, dmin = (rng.uniform(1e-4, 2e-3, (rows, cols // K_SUPER)).astype(np.float16) for _ in range(2))
+    sc, mins = (rng.integers(0, 64, (rows, cols // 32), dtype=np.uint8) for _ in range(2))
+    factors = Int4KScales(d, dmin, sc, mins)
+    return Int4Weight(packed, *factors.scale_bias(), 32, factors)
 
 
 def random_llama_weights(

@@ -75,12 +75,17 @@ class Int4KScales:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays)
 
-    def scale_bias(self) -> tuple[np.ndarray, np.ndarray]:
-        """Int4Weight's (scale float16, bias float32) of these factors."""
+    def exact(self, rows: slice | np.ndarray = slice(None)) -> tuple[np.ndarray, np.ndarray]:
+        """These rows' group scales and biases, float32 (rows, cols // 32): exactly the weight's."""
         per_group = K_SUPER // 32
-        d = np.repeat(self.d.astype(np.float32), per_group, axis=1)
-        dmin = np.repeat(self.dmin.astype(np.float32), per_group, axis=1)
-        return (d * self.sc).astype(np.float16), -(dmin * self.m)
+        d = np.repeat(self.d[rows].astype(np.float32), per_group, axis=1)
+        dmin = np.repeat(self.dmin[rows].astype(np.float32), per_group, axis=1)
+        return d * self.sc[rows], -(dmin * self.m[rows])
+
+    def scale_bias(self) -> tuple[np.ndarray, np.ndarray]:
+        """Int4Weight's (scale float16, bias float32) of these factors (the scale rounded)."""
+        scale, bias = self.exact()
+        return scale.astype(np.float16), bias
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,13 @@ class Int4Weight:
     @property
     def shape(self) -> tuple[int, int]:
         return self.packed.shape[0], self.packed.shape[1] * 2
+
+    def factors(self, rows: slice | np.ndarray = slice(None)) -> tuple[np.ndarray, np.ndarray]:
+        """These rows' group scales and biases in float32: a Q4_K's exact ones where the weight has them (its
+        ``scale`` is those rounded to float16), else ``scale`` and ``bias``."""
+        if self.k_scales is not None:
+            return self.k_scales.exact(rows)
+        return self.scale[rows].astype(np.float32), self.bias[rows]
 
     @property
     def nbytes(self) -> int:
@@ -313,7 +325,8 @@ def dequantize(weight: Weight | RowParts, dtype: type = np.float32) -> np.ndarra
     rows, cols = weight.shape
     g = weight.group_size
     q = unpack_int4(weight.packed).reshape(rows, cols // g, g).astype(np.float32)
-    w = q * weight.scale.astype(np.float32)[:, :, None] + weight.bias[:, :, None]
+    scale, bias = weight.factors()
+    w = q * scale[:, :, None] + bias[:, :, None]
     return w.reshape(rows, cols).astype(dtype, copy=False)
 
 

@@ -308,7 +308,7 @@ def test_perfx_tune_refuses_a_backend_without_kernels(capsys):
 
 
 def test_a_q4_0_model_computes_without_stored_biases_what_the_numpy_backend_does(tmp_path):
-    """A GGUF Q4_0 model on OpenCL keeps no biases (each is -8 * its scale, kernels/int4_bias.cl): the GEMV of
+    """A GGUF Q4_0 model on OpenCL keeps no biases (each is -8 * its scale, kernels/int4_group.cl): the GEMV of
     one token and the prompt path (GEMM or matrix units) and the embedding give the NumPy backend's logits."""
     from tiny_gguf import write_tiny_llama_gguf
 

@@ -47,10 +47,16 @@ def test_file_blocks_repacked_on_the_device_equal_the_host_conversion(tmp_path, 
         assert isinstance(int4, Int4Weight) and blocks.shape == int4.shape
         kept_handle, int4_handle = runtime.prepare_weight(blocks), runtime.prepare_weight(int4)
         got, want = _device_arrays(runtime, kept_handle), _device_arrays(runtime, int4_handle)
-        weights = int4.shape[0] * int4.shape[1]  # device bytes: 0.5 per weight of codes, 2 per 32 of scale, 4 of bias
-        expected = weights // 2 + weights // 32 * (2 if tensor_type == "Q4_0" else 6)
+        # device bytes: 0.5 per weight of codes, 2 per 32 of scale (Q4_K: sc and m), 4 per 32 of bias (Q4_0: none;
+        # Q4_K: 4 per 256 of d and dmin), the host conversion's as the file's (it carries Q4_K's factors too)
+        weights = int4.shape[0] * int4.shape[1]
+        per_group = {"Q4_0": 2, "Q4_1": 6, "Q4_K": 2}[tensor_type]
+        expected = weights // 2 + weights // 32 * per_group + (weights // 256 * 4 if tensor_type == "Q4_K" else 0)
         assert runtime.weight_bytes(kept_handle) == expected
-        assert runtime.weight_bytes(int4_handle) == weights // 2 + weights // 32 * 6
+        assert runtime.weight_bytes(int4_handle) == (
+            expected if tensor_type == "Q4_K" else weights // 2 + weights // 32 * 6
+        )
+        assert kept_handle.k_factors == int4_handle.k_factors == (tensor_type == "Q4_K")
         for g, w in zip(got[:2], want[:2], strict=True):
             assert g.dtype == w.dtype and g.shape == w.shape
             np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8))
@@ -60,8 +66,12 @@ def test_file_blocks_repacked_on_the_device_equal_the_host_conversion(tmp_path, 
         else:
             np.testing.assert_array_equal(got[2], want[2])
         # and the host fallback of a kept weight is the host conversion itself
-        for a, b in zip((blocks.as_int4().packed, blocks.as_int4().bias), (int4.packed, int4.bias), strict=True):
+        fallback = blocks.as_int4()
+        for a, b in zip((fallback.packed, fallback.bias), (int4.packed, int4.bias), strict=True):
             np.testing.assert_array_equal(a, b)
+        if tensor_type == "Q4_K":
+            for a, b in zip(fallback.k_scales.arrays, int4.k_scales.arrays, strict=True):
+                np.testing.assert_array_equal(a, b)
 
 
 def test_weights_prepared_together_share_buffers_and_compute_as_alone():

@@ -431,3 +431,45 @@ def test_long_prompt_attention_on_matrix_units_conforms(registry, monkeypatch):
     finally:
         rt.close()
     assert built.count("attention_prefill_mma") == 3
+
+
+# -- GGUF Q4_K weights as their own factors (kernels/int4_group.cl, Q4_K_FACTORS) -------------------------------
+
+
+@pytest.mark.parametrize("n, mma", [(1, "0"), (5, "0"), (80, "0"), (20, "1")])
+def test_q4_k_weights_keep_the_files_bytes_and_exact_values(registry, monkeypatch, n, mma):
+    """A Q4_K weight's sc, m, d and dmin stay on the device as they are (0.578 bytes per weight, the file's 0.5625
+    plus nothing but the layout) and every kernel multiplies them out exactly: the embedding's rows equal the
+    float64 values bit for bit, the GEMV (1 token), its batched form (5), the tiled GEMM (80) and the matrix-unit
+    kernel (20: half inputs, so half's rounding) stay at float rounding of those values, which scales rounded to
+    float16 (2^-12 relative) would miss by orders of magnitude."""
+    from perfx_opencl import ops
+
+    from perfx_core import reference
+    from perfx_core.synthetic import random_q4_k
+
+    monkeypatch.setenv("PERFX_OPENCL_MMA", mma)
+    rng = np.random.default_rng(n)
+    m, k = 200, 768
+    weight = random_q4_k(m, k, rng)
+    values = reference.weight_values(weight)
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    want = x.astype(np.float64) @ values.T
+    rounded = x @ reference.dequantize_int4(weight.packed, weight.scale, weight.bias, 32).T  # float16 scales
+    assert float(((rounded - want) ** 2).sum() / (want**2).sum()) > 1e-9
+    rt = registry.open_runtime("opencl")
+    try:
+        w = rt.prepare_weight(weight)
+        assert w.k_factors and rt.weight_bytes(w) == m * k // 2 + m * (k // 32) * 2 + m * (k // 256) * 4
+        out = rt.empty((n, m))
+        ops.int4_gemm(rt, rt.from_numpy(x), w, out)
+        got = rt.to_numpy(out)
+        error = float(((got - want) ** 2).sum() / (want**2).sum())
+        assert error < (1e-6 if mma == "1" else 1e-11), error
+        assert any(key[1] == "int4_mma" for key in rt._kernels) == (mma == "1")
+        ids = rng.integers(0, m, 7).astype(np.int32)
+        rows = rt.empty((7, k))
+        ops.embedding(rt, w, ids, rows)
+        np.testing.assert_array_equal(rt.to_numpy(rows), values[ids].astype(np.float32))
+    finally:
+        rt.close()

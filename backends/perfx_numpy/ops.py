@@ -22,8 +22,8 @@ def embedding(rt, table, ids, out):
         rows = len(ids)
         g = weight.group_size
         q = unpack_int4(weight.packed[ids]).reshape(rows, -1, g).astype(np.float32)
-        scale = weight.scale[ids].astype(np.float32)[:, :, None]
-        out[...] = (q * scale + weight.bias[ids][:, :, None]).reshape(rows, -1)
+        scale, bias = weight.factors(ids)
+        out[...] = (q * scale[:, :, None] + bias[:, :, None]).reshape(rows, -1)
     else:
         out[...] = weight.data[ids]
 

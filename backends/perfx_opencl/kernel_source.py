@@ -10,7 +10,7 @@ from pathlib import Path
 KERNEL_DIR = Path(__file__).parent / "kernels"
 # Prepended to every kernel file: the device-wide fence, the add + RMSNorm tail of the matmul kernels, the int4
 # weights' group bias and the gated MLP's activations.
-KERNEL_PRELUDE = ("device_fence.cl", "add_norm_tail.cl", "int4_bias.cl", "gate_activation.cl")
+KERNEL_PRELUDE = ("device_fence.cl", "add_norm_tail.cl", "int4_group.cl", "gate_activation.cl")
 # Pieces only some kernel files need, after the prelude: the KV cache's layout, the matrix units, the int8 weights'
 # layout and byte decoding, the tiled GEMMs' loads, multiply-adds and stores.
 FILE_PRELUDES = {

@@ -101,7 +101,7 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 def _int4_weight_args(w) -> tuple:
-    """The kernel arguments of an int4 weight (kernels/int4_bias.cl INT4_WEIGHT_PARAMS): packed, scale and bias,
+    """The kernel arguments of an int4 weight (kernels/int4_group.cl INT4_WEIGHT_PARAMS): packed, scale and bias,
     each a (buffer, element offset) pair, since several weights share a buffer; a weight without stored biases
     passes its scales' buffer there, unread (its kernels are built with Q4_0_BIAS)."""
     bias = (w.scale.buffer, 0) if w.bias is None else (w.bias.buffer, w.bias.offset)
@@ -110,8 +110,14 @@ def _int4_weight_args(w) -> tuple:
     return w.packed.buffer, w.packed.offset, w.scale.buffer, w.scale.offset, *bias
 
 
-def _bias_options(w) -> dict:
-    return {"Q4_0_BIAS": w.bias is None}
+def _factor_form(w) -> str:
+    """How an int4 weight keeps its group factors (kernels/int4_group.cl): "q4_0" (no biases: -8 * scale),
+    "q4_k" (a GGUF Q4_K's own sc, m, d and dmin) or "stored" (a float16 scale and a float32 bias per group)."""
+    return "q4_k" if w.k_factors else ("q4_0" if w.bias is None else "stored")
+
+
+def _factor_options(form: str) -> dict:
+    return {"Q4_0_BIAS": form == "q4_0", "Q4_K_FACTORS": form == "q4_k"}
 
 
 def _gemv_shape(rt) -> tuple[int, int]:
@@ -128,7 +134,7 @@ def embedding(rt, table, ids, out):
         return
     ids_buf = rt.upload_ints("ids", ids)
     if table.kind == "int4":
-        kernel = rt.kernel("int4", "embedding_int4", **_bias_options(table))
+        kernel = rt.kernel("int4", "embedding_int4", **_factor_options(_factor_form(table)))
         rt.launch(
             kernel,
             (_round_up(d, 64), n),
@@ -268,7 +274,7 @@ def _gemv_plan(
     k: int,
     x_form: str,
     add_norm: bool = False,
-    q4_0_bias: bool = False,
+    factors: str = "stored",
     group_size: int = 128,
     gelu: bool = False,
     post_norm: bool = False,
@@ -277,10 +283,10 @@ def _gemv_plan(
     (``gelu``: the gated one's activation is GELU; it reads and sums what the SiLU one does, so shares its shape;
     ``post_norm``: the add_norm tail norms delta first)."""
     plans = rt.__dict__.setdefault("_gemv_plans", {})
-    key = (silu, nt, rows, k, x_form, add_norm, q4_0_bias, group_size, gelu, post_norm)
+    key = (silu, nt, rows, k, x_form, add_norm, factors, group_size, gelu, post_norm)
     plan = plans.get(key)
     if plan is None:
-        config = gemv_tuning(rt, silu, rows, k, nt, tuning.weight_form(group_size, q4_0_bias))
+        config = gemv_tuning(rt, silu, rows, k, nt, tuning.weight_form(group_size, factors == "q4_0"))
         quantized = config.pop("QX", 0) == 1
         # XS=1: chunk sums of x shared in local memory (n = 1 only; the kernel is then built per k).
         xsum_chunks = k // 32 if config.pop("XS", 0) and nt == 1 and not quantized else 0
@@ -302,7 +308,7 @@ def _gemv_plan(
             XSUM_CHUNKS=xsum_chunks or False,
             QX=qx_slice > 0,
             QX_SLICE=qx_slice or False,
-            Q4_0_BIAS=q4_0_bias,
+            **_factor_options(factors),
             **config,
         )
         per_group = config["RW"] * config["CR"]
@@ -324,7 +330,7 @@ def _int4_gemv(rt, x, w, out, n, silu=False, epilogue=(), gelu=False, post_weigh
     image = rt.image_of(x)
     x_form = "image" if image is not None else ("aligned" if x.offset % 4 == 0 else "unaligned")
     kernel, global_size, local_size = _gemv_plan(
-        rt, silu, nt, rows, k, x_form, bool(epilogue), w.bias is None, w.group_size, gelu, post_weight is not None
+        rt, silu, nt, rows, k, x_form, bool(epilogue), _factor_form(w), w.group_size, gelu, post_weight is not None
     )
     x_arg = (image, x.offset) if image is not None else (x,)
     rt.launch(
@@ -457,14 +463,14 @@ def _mma_plan(
     group_size: int,
     unaligned: bool,
     add_norm: bool = False,
-    q4_0_bias: bool = False,
+    factors: str = "stored",
     gelu: bool = False,
     post_norm: bool = False,
 ) -> tuple[Any, tuple, tuple]:
     """(kernel, global size, local size) of an mma launch, worked out once per shape and kept on the runtime
     with the GEMV's plans (clear_plans forgets both)."""
     plans = rt.__dict__.setdefault("_gemv_plans", {})
-    key = ("mma", silu, n, rows, k, group_size, unaligned, add_norm, q4_0_bias, gelu, post_norm)
+    key = ("mma", silu, n, rows, k, group_size, unaligned, add_norm, factors, gelu, post_norm)
     plan = plans.get(key)
     if plan is None:
         config = _mma_config(rt, n, rows, k, group_size, silu, add_norm)
@@ -476,7 +482,7 @@ def _mma_plan(
             X_UNALIGNED=unaligned,
             ADD_NORM=add_norm,
             POST_NORM=post_norm,
-            Q4_0_BIAS=q4_0_bias,
+            **_factor_options(factors),
             **config,
         )
         global_size = (-(-rows // (16 * config["MT"])) * 32 * config["KW"], -(-n // (8 * config["NT8"])))
@@ -499,7 +505,7 @@ def _int4_mma(rt, x, w, out, silu=False, epilogue=(), gelu=False, post_weight=No
         w.group_size,
         x.offset % 4 != 0,
         bool(epilogue),
-        w.bias is None,
+        _factor_form(w),
         gelu,
         post_weight is not None,
     )
@@ -556,7 +562,7 @@ def int4_gemm(rt, x, w, out):
         _gemv_passes(rt, x, w, out)
         return
     tpt = _gemm_tokens_per_thread(rt, n, m)
-    kernel = rt.kernel("int4_gemm", "int4_gemm", TPT=tpt, **_bias_options(w))
+    kernel = rt.kernel("int4_gemm", "int4_gemm", TPT=tpt, **_factor_options(_factor_form(w)))
     rt.launch(
         kernel,
         (_round_up(m, GEMM_ROWS) // 8, _round_up(n, 16 * tpt) // tpt),

@@ -24,7 +24,7 @@ import numpy as np
 
 from perfx_core.backend import DeviceInfo, KVCacheSpec, Runtime
 from perfx_core.errors import BackendError, BackendUnavailableError, InvalidArgumentError
-from perfx_core.weights import BlockWeight, DenseWeight, Int4Weight, Int8Weight, Weight
+from perfx_core.weights import BlockWeight, DenseWeight, Int4KScales, Int4Weight, Int8Weight, Weight
 
 from . import native_replay, ops, program_cache, tuner
 from .flush_policy import FLUSH_EVERY, REPLAY_EARLY_FLUSHES
@@ -141,13 +141,16 @@ class CLTensor:
 @dataclass(eq=False)
 class CLInt4Weight:
     """An int4 weight as uploaded, chunk-major (kernels/int4.cl): packed (k/32, m, 16) uint8, scale (k/g, m)
-    float16, bias (k/g, m) float32; no bias for a GGUF Q4_0 weight, whose biases are -8 * scale (int4_bias.cl)."""
+    float16, bias (k/g, m) float32; no bias for a GGUF Q4_0 weight, whose biases are -8 * scale; with
+    ``k_factors`` a GGUF Q4_K's own factors instead: scale (k/32, m) sc | m << 8, bias (k/256, m) the float16 bits
+    d | -dmin << 16 (int4_group.cl)."""
 
     shape: tuple[int, int]
     group_size: int
     packed: CLTensor
     scale: CLTensor
     bias: CLTensor | None
+    k_factors: bool = False
     kind: str = "int4"
 
 
@@ -225,13 +228,34 @@ def _int4_layout(weight: Weight) -> list[tuple[tuple[int, ...], np.dtype]] | Non
     or None for a weight that is not placed as int4."""
     if isinstance(weight, Int4Weight):
         m, k = weight.shape
+        if weight.k_scales is not None:
+            return _q4_k_layout(m, k)
         flip = lambda a: ((a.shape[1], a.shape[0]), a.dtype)  # noqa: E731  [group][row]
         return [((k // 32, m, 16), np.dtype(np.uint8)), flip(weight.scale), flip(weight.bias)]
     if isinstance(weight, BlockWeight) and weight.block_format in _BLOCKS:
         m, k = weight.shape
+        if weight.block_format == "q4_k":
+            return _q4_k_layout(m, k)
         parts = [((k // 32, m, 16), np.dtype(np.uint8)), ((k // 32, m), np.dtype(np.float16))]
         return parts if weight.block_format == "q4_0" else parts + [((k // 32, m), np.dtype(np.float32))]
     return None
+
+
+def _q4_k_layout(m: int, k: int) -> list[tuple[tuple[int, ...], np.dtype]]:
+    """A Q4_K weight's arrays: its codes, sc | m << 8 per group and d | -dmin << 16 per 256 columns (int4_group.cl)."""
+    return [
+        ((k // 32, m, 16), np.dtype(np.uint8)),
+        ((k // 32, m), np.dtype(np.uint16)),
+        ((k // 256, m), np.dtype(np.uint32)),
+    ]
+
+
+def _q4_k_factor_words(factors: Int4KScales) -> tuple[np.ndarray, np.ndarray]:
+    """(sc | m << 8 as uint16, the float16 bits d | -dmin << 16 as uint32), each (rows, ...) as the host holds them."""
+    group_words = factors.sc.astype(np.uint16) | (factors.m.astype(np.uint16) << 8)
+    minus_dmin = (-factors.dmin).view(np.uint16).astype(np.uint32)
+    super_words = factors.d.view(np.uint16).astype(np.uint32) | (minus_dmin << 16)
+    return group_words, super_words
 
 
 class OpenCLRuntime(Runtime):
@@ -468,13 +492,16 @@ class OpenCLRuntime(Runtime):
         if isinstance(weight, Int4Weight):
             m, k = weight.shape
             # Chunk-major layout (kernels/int4.cl): 16-byte chunks of 32 codes, [chunk][row]; scale (float16
-            # bits, read with vload_half) and bias [group][row].
+            # bits, read with vload_half) and bias [group][row], or a Q4_K's own factors in their place.
+            factors = weight.k_scales
+            scale, bias = (weight.scale, weight.bias) if factors is None else _q4_k_factor_words(factors)
             return CLInt4Weight(
                 weight.shape,
                 weight.group_size,
                 self._transposed(weight.packed.reshape(m, k // 32, 16), "uint4", parts[0]),
-                self._transposed(weight.scale, "ushort", parts[1]),
-                self._transposed(weight.bias, "uint", parts[2]),
+                self._transposed(scale, "ushort", parts[1]),
+                self._transposed(bias, "uint", parts[2]),
+                k_factors=factors is not None,
             )
         if isinstance(weight, Int8Weight):
             m, k = weight.shape
@@ -516,8 +543,9 @@ class OpenCLRuntime(Runtime):
                 )
                 row += part.shape[0]
         has_min = weight.block_format != "q4_0"
-        # Q4_0 has no bias part (_int4_layout): it is -8 * scale, int4_bias.cl
-        out = CLInt4Weight(weight.shape, 32, parts[0], parts[1], parts[2] if has_min else None)
+        # Q4_0 has no bias part (_int4_layout): it is -8 * scale; Q4_K's is its d and dmin (int4_group.cl)
+        k_factors = weight.block_format == "q4_k"
+        out = CLInt4Weight(weight.shape, 32, parts[0], parts[1], parts[2] if has_min else None, k_factors)
         if m and blocks:
             if weight.block_format == "q4_k":
                 kernel = self.kernel("q4_blocks", "q4_k_blocks_to_chunks")

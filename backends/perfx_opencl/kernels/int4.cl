@@ -4,8 +4,9 @@
 //   packed: uint4 (k/32, m): element [c][r] holds the 32 codes of row r, columns 32c .. 32c+31. Word j of the
 //           uint4 holds columns 32c+8j .. +7, nibble i (bits 4i..4i+3) is column 32c+8j+i: the same 16 bytes
 //           as perfx_core.weights packs them, so re-packing is a transpose of 16-byte chunks.
-//   scale:  half (k/g, m), read with vload_half so no cl_khr_fp16 is needed;
-//   bias:   float (k/g, m).  W[r, c] = code * scale[c/g][r] + bias[c/g][r] (none for Q4_0: int4_bias.cl).
+//   scale:  float16 bits (k/g, m), read with vload_half so no cl_khr_fp16 is needed;
+//   bias:   float (k/g, m).  W[r, c] = code * scale[c/g][r] + bias[c/g][r] (none for Q4_0, a Q4_K's own
+//           factors instead of both: int4_group.cl).
 // Why chunk-major: consecutive threads take consecutive rows, so a warp's weight loads are one contiguous
 // 512-byte run, and all of them read the same activation chunk (a broadcast), which is what makes decode
 // (GEMV) run at memory bandwidth. k is a multiple of the group size g (32, 64 or 128), so a chunk never
@@ -190,7 +191,7 @@ inline int chunk_idot(uint4 lo, uint4 hi, __local const uint4* xq) {
 // output columns, thread (lr, split) takes column slots lr + r*RW and the chunks split, split + KS, ...; the KS
 // partial sums meet in local memory. Global size (ceil(cols / cols per work-group) * RW, KS), local (RW, KS).
 __kernel __attribute__((reqd_work_group_size(RW, KS, 1))) void int4_gemv(
-    INT4_WEIGHT_PARAMS(uint4, half), X_ARG, int x_off, __global float* out, int out_off, int n, int cols, int k,
+    INT4_WEIGHT_PARAMS(uint4, ushort), X_ARG, int x_off, __global float* out, int out_off, int n, int cols, int k,
     int group_shift EPILOGUE_ARGS) {
     INT4_WEIGHT_AT(uint4);
 #ifdef SILU
@@ -247,10 +248,9 @@ __kernel __attribute__((reqd_work_group_size(RW, KS, 1))) void int4_gemv(
                 for (int r = 0; r < RR; ++r) {
                     const int row = SLOT_ROW(row0, r, cols);
                     const bool live = c < end && SLOT_COL(row0, r) < cols;
-                    const size_t g = (size_t)((c << 5) >> group_shift) * m + row;
+                    const float2 f = live ? int4_group(scale, bias, (c << 5) >> group_shift, row, m) : (float2)(0.0f);
                     w[u][r] = live ? packed[(size_t)c * m + row] : (uint4)(0u);
-                    s[u][r] = live ? vload_half(g, scale) : 0.0f;
-                    b[u][r] = live ? GROUP_BIAS(bias, g, s[u][r]) : 0.0f;
+                    s[u][r] = f.x, b[u][r] = f.y;
                 }
             }
 #pragma unroll
@@ -340,7 +340,7 @@ __kernel __attribute__((reqd_work_group_size(RW, KS, 1))) void int4_gemv(
 }
 
 // Rows ids[i] of an int4 table (vocab, d) in the chunk-major layout, dequantized: global size (d, n).
-__kernel void embedding_int4(INT4_WEIGHT_PARAMS(uchar, half), __global const int* ids, __global float* out,
+__kernel void embedding_int4(INT4_WEIGHT_PARAMS(uchar, ushort), __global const int* ids, __global float* out,
                              int out_off, int vocab, int d, int group_shift) {
     INT4_WEIGHT_AT(uchar);
     const int c = get_global_id(0), i = get_global_id(1);
@@ -348,7 +348,6 @@ __kernel void embedding_int4(INT4_WEIGHT_PARAMS(uchar, half), __global const int
     const size_t row = (size_t)ids[i];
     const uchar byte = packed[((size_t)(c >> 5) * vocab + row) * 16 + ((c & 31) >> 1)];
     const float code = (float)((c & 1) ? (byte >> 4) : (byte & 15));
-    const size_t g = (size_t)(c >> group_shift) * vocab + row;
-    const float s = vload_half(g, scale);
-    out[out_off + i * d + c] = code * s + GROUP_BIAS(bias, g, s);
+    const float2 f = int4_group(scale, bias, c >> group_shift, row, vocab);
+    out[out_off + i * d + c] = code * f.x + f.y;
 }

@@ -3,7 +3,7 @@
 // chunk of x and of the dequantized W at a time. Global size (ceil(m / 128) * 16, ceil(n / TM) * 16), local (16, 16).
 
 __kernel __attribute__((reqd_work_group_size(16, 16, 1))) void int4_gemm(
-    INT4_WEIGHT_PARAMS(uint4, half), __global const float* x, int x_off, __global float* out, int out_off, int n,
+    INT4_WEIGHT_PARAMS(uint4, ushort), __global const float* x, int x_off, __global float* out, int out_off, int n,
     int m, int k, int group_shift) {
     INT4_WEIGHT_AT(uint4);
     __local float4 ws[KT][TN / 4];  // dequantized weights of the chunk, [kk][row]
@@ -27,8 +27,8 @@ __kernel __attribute__((reqd_work_group_size(16, 16, 1))) void int4_gemm(
             float v[32];
             if (row < m) {
                 const uint4 w = packed[(size_t)c * m + row];
-                const size_t g = (size_t)(k0 >> group_shift) * m + row;
-                const float s = vload_half(g, scale), b = GROUP_BIAS(bias, g, s);
+                const float2 f = int4_group(scale, bias, k0 >> group_shift, row, m);
+                const float s = f.x, b = f.y;
                 const uint words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
                 for (int word = 0; word < 4; ++word)

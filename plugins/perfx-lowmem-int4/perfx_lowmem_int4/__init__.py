@@ -47,14 +47,15 @@ def int4_matmul(rt, x, w, out) -> None:
         # Columns 2j and 2j + 1 are the low and high nibbles of byte j (perfx_core.weights); the multiply
         # converts the codes to float32 and scales them in one pass, writing each nibble to its columns.
         pairs = block.reshape(r1 - r0, groups, half, 2)
-        scale = weight.scale[r0:r1].astype(np.float32)[:, :, None]
+        scale, bias = weight.factors(slice(r0, r1))
+        scale = scale[:, :, None]
         np.bitwise_and(weight.packed[r0:r1], 0x0F, out=nibbles)
         np.multiply(nibbles.reshape(r1 - r0, groups, half), scale, out=pairs[..., 0])
         np.right_shift(weight.packed[r0:r1], 4, out=nibbles)
         np.multiply(nibbles.reshape(r1 - r0, groups, half), scale, out=pairs[..., 1])
         target = out[:, r0:r1]
         np.matmul(x, block.T, out=target)
-        target += group_sums @ weight.bias[r0:r1].T
+        target += group_sums @ bias.T
 
 
 @hookimpl
