@@ -14,6 +14,7 @@ import traceback
 import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -850,81 +851,76 @@ def _format_cases(op: str) -> list[tuple[str, tuple[str, float, Body]]]:
             _linear_norm_case(1, ("int8", 576, 128, 32, "q8_0"), 1e-5, post),
             _linear_norm_case(12, ("int8", 129, 96, 32, "random"), 1e-6, post),
         ]
-    return (
-        [("int8", case) for case in cases]
-        + [("int5", case) for case in _int5_cases(op)]
-        + [("int6", case) for case in _int6_cases(op)]
-    )
+    return [("int8", case) for case in cases] + [
+        (kind, case) for kind in _SPLIT_CASES for case in _split_cases(kind, op)
+    ]
 
 
-def _int6_cases(op: str) -> list[tuple[str, float, Body]]:
-    """_format_cases of the int6 format (columns in whole 256-column blocks)."""
-    if op == "int6_gemm":
-        return [
-            _matmul_case(op, n, ("int6", m, k, 16, how))
-            for n, m, k, how in (
-                (1, 1, 256, "q6_k"),
-                (1, 129, 512, "random"),
-                (1, 4097, 256, "q6_k"),  # in blocks of rows
-                (2, 3, 768, "q6_k"),
-                (3, 130, 256, "random"),
-                (8, 129, 512, "q6_k"),
-                (17, 65, 256, "random"),
-                (33, 96, 256, "q6_k"),  # past the integer kernels' rows
-                (64, 300, 256, "random"),
-            )
-        ]
+# The split formats' cases: group size, the GEMM's (n, rows, cols, making), the embedding's (n, rows, cols, making),
+# and the (cols, making) of the other ops that take any weight (int6 in whole 256-column blocks).
+_SPLIT_CASES = {
+    "int5": {
+        "group": 32,
+        "gemm": (
+            (1, 1, 64, "q5_0"),
+            (1, 129, 128, "random"),
+            (1, 4097, 640, "q5_0"),  # in blocks of rows
+            (2, 3, 96, "q5_1"),
+            (3, 130, 256, "random"),  # one tile of the integer kernels, padded
+            (8, 129, 640, "q5_0"),
+            (17, 65, 320, "q5_1"),
+            (33, 96, 128, "q5_0"),  # past the integer kernels' rows: dequantized for BLAS
+            (64, 1536, 96, "random"),
+        ),
+        "embedding": ((1, 1001, 96, "q5_0"), (17, 300, 640, "q5_1")),
+        "linear": ((128, "q5_1"), (96, "random")),  # 1 token, then 5
+        "gate_up_silu": (128, "q5_0"),
+        "gate_up_gelu": (64, "q5_0"),
+        "norm": (128, "q5_0"),
+    },
+    "int6": {
+        "group": 16,
+        "gemm": (
+            (1, 1, 256, "q6_k"),
+            (1, 129, 512, "random"),
+            (1, 4097, 256, "q6_k"),  # in blocks of rows
+            (2, 3, 768, "q6_k"),
+            (3, 130, 256, "random"),
+            (8, 129, 512, "q6_k"),
+            (17, 65, 256, "random"),
+            (33, 96, 256, "q6_k"),  # past the integer kernels' rows
+            (64, 300, 256, "random"),
+        ),
+        "embedding": ((1, 1001, 256, "q6_k"), (17, 300, 512, "random")),
+        "linear": ((256, "q6_k"), (256, "random")),
+        "gate_up_silu": (256, "q6_k"),
+        "gate_up_gelu": (256, "q6_k"),
+        "norm": (256, "q6_k"),
+    },
+}
+
+
+def _split_cases(kind: str, op: str) -> list[tuple[str, float, Body]]:
+    """_format_cases of a split format (int5, int6): its own GEMM, and the ops that take any weight."""
+    table = _SPLIT_CASES[kind]
+    group = table["group"]
+    if op == f"{kind}_gemm":
+        return [_matmul_case(op, n, (kind, m, k, group, how)) for n, m, k, how in table["gemm"]]
     if op == "embedding":
-        return [
-            _embedding_case(1, ("int6", 1001, 256, 16, "q6_k")),
-            _embedding_case(17, ("int6", 300, 512, 16, "random")),
-        ]
+        return [_embedding_case(n, (kind, m, k, group, how)) for n, m, k, how in table["embedding"]]
     if op in ("linear", "logits"):
         m = 4097 if op == "logits" else 129
-        return [_matmul_case(op, 1, ("int6", m, 256, 16, "q6_k")), _matmul_case(op, 5, ("int6", m, 256, 16, "random"))]
+        one, five = table["linear"]
+        return [_matmul_case(op, n, (kind, m, k, group, how)) for n, (k, how) in ((1, one), (5, five))]
     if op == "qkv_proj":
-        return [_qkv_case(1, "int6"), _qkv_case(7, "int6")]
-    if op == "gate_up_silu":
-        return [_matmul_case(op, n, ("int6", 2 * f, 256, 16, "q6_k")) for n, f in ((1, 128), (9, 65))]
-    if op == "gate_up_gelu":
-        return [_gate_up_gelu_case(n, ("int6", 2 * f, 256, 16, "q6_k")) for n, f in ((1, 128), (9, 65))]
+        return [_qkv_case(1, kind), _qkv_case(7, kind)]
+    if op in ("gate_up_silu", "gate_up_gelu"):
+        k, how = table[op]
+        make = partial(_matmul_case, op) if op == "gate_up_silu" else _gate_up_gelu_case
+        return [make(n, (kind, 2 * f, k, group, how)) for n, f in ((1, 128), (9, 65))]
     if op in ("linear_add_rmsnorm", "linear_post_norm_add_rmsnorm"):
-        post = op == "linear_post_norm_add_rmsnorm"
-        return [_linear_norm_case(1, ("int6", 576, 256, 16, "q6_k"), 1e-5, post)]
-    return []
-
-
-def _int5_cases(op: str) -> list[tuple[str, float, Body]]:
-    """_format_cases of the int5 format."""
-    if op == "int5_gemm":
-        return [
-            _matmul_case(op, n, ("int5", m, k, 32, how))
-            for n, m, k, how in (
-                (1, 1, 64, "q5_0"),
-                (1, 129, 128, "random"),
-                (1, 4097, 640, "q5_0"),  # in blocks of rows
-                (2, 3, 96, "q5_1"),
-                (3, 130, 256, "random"),  # one tile of the integer kernels, padded
-                (8, 129, 640, "q5_0"),
-                (17, 65, 320, "q5_1"),
-                (33, 96, 128, "q5_0"),  # past the integer kernels' rows: dequantized for BLAS
-                (64, 1536, 96, "random"),
-            )
-        ]
-    if op == "embedding":
-        return [_embedding_case(1, ("int5", 1001, 96, 32, "q5_0")), _embedding_case(17, ("int5", 300, 640, 32, "q5_1"))]
-    if op in ("linear", "logits"):
-        m = 4097 if op == "logits" else 129
-        return [_matmul_case(op, 1, ("int5", m, 128, 32, "q5_1")), _matmul_case(op, 5, ("int5", m, 96, 32, "random"))]
-    if op == "qkv_proj":
-        return [_qkv_case(1, "int5"), _qkv_case(7, "int5")]
-    if op == "gate_up_silu":
-        return [_matmul_case(op, n, ("int5", 2 * f, 128, 32, "q5_0")) for n, f in ((1, 128), (9, 65))]
-    if op == "gate_up_gelu":
-        return [_gate_up_gelu_case(n, ("int5", 2 * f, 64, 32, "q5_0")) for n, f in ((1, 128), (9, 65))]
-    if op in ("linear_add_rmsnorm", "linear_post_norm_add_rmsnorm"):
-        post = op == "linear_post_norm_add_rmsnorm"
-        return [_linear_norm_case(1, ("int5", 576, 128, 32, "q5_0"), 1e-5, post)]
+        k, how = table["norm"]
+        return [_linear_norm_case(1, (kind, 576, k, group, how), 1e-5, op == "linear_post_norm_add_rmsnorm")]
     return []
 
 
