@@ -18,6 +18,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
 from .split_weights import NIBBLE_SHIFTS, pack_int5
+from .weights import Int4KScales
 
 _CHUNK_ELEMENTS = 1 << 18  # per chunk; a worker holds a few bytes of temporaries per element
 QK_K = 256  # values per K-quant super-block
@@ -233,13 +234,11 @@ def q4_k_decode(blocks: np.ndarray) -> tuple[np.ndarray, ...]:
     n = blocks.shape[0]
     b = blocks.reshape(n, -1, 144)  # d (2), dmin (2), scales (12), qs (128)
     nb = b.shape[1]
-    d16 = np.ascontiguousarray(b[:, :, 0:2]).view(np.float16)[:, :, 0]
-    dmin16 = np.ascontiguousarray(b[:, :, 2:4]).view(np.float16)[:, :, 0]
-    d, dmin = d16.astype(np.float32), dmin16.astype(np.float32)
+    d = np.ascontiguousarray(b[:, :, 0:2]).view(np.float16)[:, :, 0]
+    dmin = np.ascontiguousarray(b[:, :, 2:4]).view(np.float16)[:, :, 0]
     sc, m = _q4_k_scales(b[:, :, 4:16])
-    scale = (d[:, :, None] * sc).reshape(n, -1).astype(np.float16)
-    bias = (-(dmin[:, :, None] * m)).reshape(n, -1)
+    factors = Int4KScales(d, dmin, sc.reshape(n, -1), m.reshape(n, -1))
     qs = b[:, :, 16:].reshape(n, nb, 4, 32)  # 4 chunks of 64 values: low nibbles 32 values, high the next 32
     codes = np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(n, nb * QK_K)  # in column order
     packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
-    return packed, scale, bias, d16, dmin16, sc.reshape(n, -1), m.reshape(n, -1)
+    return packed, *factors.scale_bias(), *factors.arrays

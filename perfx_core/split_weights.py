@@ -96,9 +96,9 @@ class Int6Weight(_SplitWeight):
             },
         )
 
-    def scales(self) -> np.ndarray:
-        """float32 (rows, cols // 16): d times each sub-scale, exact in float32."""
-        return np.repeat(self.d.astype(np.float32), INT6_BLOCK // INT6_SUB, axis=1) * self.sub
+    def scales(self, rows: slice | np.ndarray = slice(None)) -> np.ndarray:
+        """float32 (rows, cols // 16) of these rows: d times each sub-scale, exact in float32."""
+        return np.repeat(self.d[rows].astype(np.float32), INT6_BLOCK // INT6_SUB, axis=1) * self.sub[rows]
 
 
 NIBBLE_SHIFTS = np.array([0, 4], np.uint8).reshape(2, 1)
@@ -165,7 +165,7 @@ def split_rows(weight: Int5Weight | Int6Weight, rows: slice | np.ndarray, out: n
         return out
     centered = codes.view(np.int8)
     centered -= 32  # 0..63 -> -32..31: (q - 32) * d * sub is exact in float32, q * d * sub - 32 d * sub is not
-    scale = np.repeat(weight.d[rows].astype(np.float32), INT6_BLOCK // INT6_SUB, axis=1) * weight.sub[rows]
+    scale = weight.scales(rows)
     groups.shape = (n, cols // INT6_SUB, INT6_SUB)
     np.multiply(centered.reshape(groups.shape), scale[:, :, None], out=groups)
     return out
