@@ -1,4 +1,4 @@
-"""Write a Llama-2-7B-shaped GGUF (Q4_0 or Q4_K_M) with random weights and a real tokenizer, for benchmarks.
+"""Write a Llama-2-7B-shaped GGUF (Q4_0, Q4_K_M or Q5_K_M) with random weights and a real tokenizer, for benchmarks.
 
     python benchmarks/make_synthetic_gguf.py OUT.gguf --vocab ggml-vocab-llama-spm.gguf [--type q4_k_m] [--layers 32]
 
@@ -8,8 +8,8 @@ real file path, tokenizer included. The vocabulary comes from a vocab-only GGUF 
 Llama-2's 32,000 tokens).
 
 `--type q4_0` (the default) stores every matrix as Q4_0. `--type q4_k_m` lays the tensors out as llama.cpp's
-`llama-quantize ... Q4_K_M` does for a Llama model (see `q4_k_m_type`), so a benchmark reads the same mix of
-Q4_K and Q6_K blocks as a real Q4_K_M file. Norms are F32 in both.
+`llama-quantize ... Q4_K_M` does for a Llama model (see `k_m_type`), so a benchmark reads the same mix of
+Q4_K and Q6_K blocks as a real Q4_K_M file; `--type q5_k_m` the same with Q5_K for Q4_K. Norms are F32 in all.
 """
 
 from __future__ import annotations
@@ -38,10 +38,11 @@ def use_more_bits(layer: int, n_layers: int) -> bool:
     return layer < eighth or layer >= 7 * n_layers // 8 or (layer - eighth) % 3 == 2
 
 
-def q4_k_m_type(name: str, n_layers: int) -> T:
-    """The ggml type llama.cpp's Q4_K_M gives a Llama tensor (llama_tensor_get_type in src/llama-quant.cpp, for a
-    model that is neither Falcon, 70B-sized nor a mixture of experts, quantized without an imatrix or overrides):
-    Q4_K by default; output.weight Q6_K; attn_v and ffn_down Q6_K in the layers use_more_bits picks; norms F32."""
+def k_m_type(name: str, n_layers: int, default: T = T.Q4_K) -> T:
+    """The ggml type llama.cpp's Q4_K_M (Q5_K_M: ``default`` Q5_K) gives a Llama tensor (llama_tensor_get_type in
+    src/llama-quant.cpp, for a model that is neither Falcon, 70B-sized nor a mixture of experts, quantized without
+    an imatrix or overrides): ``default``; output.weight Q6_K; attn_v and ffn_down Q6_K in the layers use_more_bits
+    picks; norms F32."""
     if name.endswith("norm.weight"):
         return T.F32
     if name == "output.weight":
@@ -49,7 +50,7 @@ def q4_k_m_type(name: str, n_layers: int) -> T:
     parts = name.split(".")
     if parts[0] == "blk" and parts[2] in ("attn_v", "ffn_down") and use_more_bits(int(parts[1]), n_layers):
         return T.Q6_K
-    return T.Q4_K
+    return default
 
 
 def copy_tokenizer(writer: gguf.GGUFWriter, vocab_path: str) -> int:
@@ -84,11 +85,13 @@ def main() -> None:
     parser.add_argument("--kv-heads", type=int, default=32)
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--type", choices=("q4_0", "q4_k_m"), default="q4_0", help="the weights' quantization")
+    parser.add_argument(
+        "--type", choices=("q4_0", "q4_k_m", "q5_k_m"), default="q4_0", help="the weights' quantization"
+    )
     args = parser.parse_args()
-    k_quants = args.type == "q4_k_m"
+    k_quants = args.type != "q4_0"
     if k_quants and (args.dim % QK_K or args.ffn % QK_K):
-        parser.error(f"--type q4_k_m needs --dim and --ffn to be multiples of {QK_K}")
+        parser.error(f"--type {args.type} needs --dim and --ffn to be multiples of {QK_K}")
 
     rng = np.random.default_rng(args.seed)
     writer = gguf.GGUFWriter(args.out, "llama")
@@ -102,7 +105,8 @@ def main() -> None:
     writer.add_head_count_kv(args.kv_heads)
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M if k_quants else gguf.LlamaFileType.MOSTLY_Q4_0)
+    writer.add_file_type(getattr(gguf.LlamaFileType, f"MOSTLY_{args.type.upper()}"))
+    default_k_type = T.Q5_K if args.type == "q5_k_m" else T.Q4_K
 
     d, f = args.dim, args.ffn
     kv = args.dim // args.heads * args.kv_heads
@@ -111,7 +115,7 @@ def main() -> None:
         if not k_quants:
             writer.add_tensor(name, random_q4_0(rows, cols, rng), raw_dtype=T.Q4_0)  # shape in bytes per row
             return
-        ggml_type = q4_k_m_type(name, args.layers)
+        ggml_type = k_m_type(name, args.layers, default_k_type)
         block_size, type_size = gguf.GGML_QUANT_SIZES[ggml_type]
         blocks = random_blocks(rows * cols // block_size, ggml_type, rng).reshape(rows, cols // block_size * type_size)
         writer.add_tensor(name, blocks, raw_dtype=ggml_type)

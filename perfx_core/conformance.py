@@ -871,6 +871,8 @@ _SPLIT_CASES = {
             (17, 65, 320, "q5_1"),
             (33, 96, 128, "q5_0"),  # past the integer kernels' rows: dequantized for BLAS
             (64, 1536, 96, "random"),
+            (80, 130, 128, "q5_0"),  # past the GEMV's 64 tokens: a tiled GEMM, or the matrix units
+            (70, 65, 96, "q5_1"),
         ),
         "embedding": ((1, 1001, 96, "q5_0"), (17, 300, 640, "q5_1")),
         "linear": ((128, "q5_1"), (96, "random")),  # 1 token, then 5
@@ -890,6 +892,8 @@ _SPLIT_CASES = {
             (17, 65, 256, "random"),
             (33, 96, 256, "q6_k"),  # past the integer kernels' rows
             (64, 300, 256, "random"),
+            (80, 130, 256, "q6_k"),  # past the GEMV's 64 tokens
+            (65, 64, 512, "random"),
         ),
         "embedding": ((1, 1001, 256, "q6_k"), (17, 300, 512, "random")),
         "linear": ((256, "q6_k"), (256, "random")),

@@ -47,10 +47,10 @@ def expected_type(name: str, quant: str) -> str:
         return "Q4_0"
     if name == "output.weight" or name in ("blk.1.attn_v.weight", "blk.1.ffn_down.weight"):
         return "Q6_K"
-    return "Q4_K"
+    return "Q5_K" if quant == "q5_k_m" else "Q4_K"
 
 
-@pytest.mark.parametrize("quant, file_type", [("q4_0", 2), ("q4_k_m", 15)])
+@pytest.mark.parametrize("quant, file_type", [("q4_0", 2), ("q4_k_m", 15), ("q5_k_m", 17)])
 def test_tiny_file_has_the_types_layout_and_runs(tmp_path, quant, file_type):
     out = tmp_path / f"tiny-{quant}.gguf"
     done = build(out, *TINY, "--type", quant)
@@ -61,8 +61,9 @@ def test_tiny_file_has_the_types_layout_and_runs(tmp_path, quant, file_type):
     script = load_script()
     for t in f.tensors.values():
         assert t.ggml_type.name == expected_type(t.name, quant), t.name
-        if quant == "q4_k_m":
-            assert script.q4_k_m_type(t.name, 2) == t.ggml_type, t.name
+        if quant != "q4_0":
+            default = gguf.GGMLQuantizationType[expected_type("blk.0.attn_q.weight", quant)]
+            assert script.k_m_type(t.name, 2, default) == t.ggml_type, t.name
         if "norm" not in t.name:
             w = gguf.quants.dequantize(np.asarray(f.tensor_data(t.name)), t.ggml_type).astype(np.float64)
             rms = float(np.sqrt((w**2).mean()))

@@ -1,8 +1,9 @@
-"""Int8 weights (GGUF Q8_0, Q5_0, Q6_K) on the OpenCL backends: they stay int8 on the device, the tiled GEMM past
-the GEMV's token counts covers every token and row, the fused GEMV launches are one launch each, recorded decode
-steps with int8 layers replay exactly, and the real Gemma 3 270M Q4_K_M file (int8 projections and a 262144 x 640
-Q8_0 tied embedding) computes the NumPy backend's logits. The conformance kit's int8 cases run for both variants in
-test_opencl.py::test_backend_conforms."""
+"""Byte-decoded weights (kernels/int8_weight.cl) on the OpenCL backends: GGUF Q8_0 stays int8, Q6_K int6 and
+Q5_0 / Q5_1 / Q5_K int5 on the device, at the host's bytes (the file's size); the tiled GEMM past the GEMV's token
+counts covers every token and row, the fused GEMV launches are one launch each, recorded decode steps with such
+layers replay exactly, and the real Gemma 3 270M Q4_K_M file (Q5_0 and Q6_K projections and a 262144 x 640 Q8_0
+tied embedding) computes the NumPy backend's logits. The conformance kit's int8, int5 and int6 cases run for both
+variants in test_opencl.py::test_backend_conforms."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ pytest.importorskip("pyopencl", reason="pyopencl is not installed (pip install '
 import perfx_core  # noqa: E402
 from perfx_core import conformance  # noqa: E402
 from perfx_core.gguf_loader import load_llama_gguf  # noqa: E402
-from perfx_core.weights import Int8Weight, concat_rows, for_runtime  # noqa: E402
+from perfx_core.row_parts import weight_bytes  # noqa: E402
+from perfx_core.split_weights import Int5Weight, Int6Weight  # noqa: E402
+from perfx_core.weights import Int8Weight, RowParts, concat_rows, for_runtime  # noqa: E402
 
 pytestmark = opencl_usable
 
@@ -42,8 +45,12 @@ def test_int8_gemm_beyond_the_gemv_tiles_every_token_and_row(registry, monkeypat
             (65, ("int8", 257, 48, 16, "q6_k")),
             (200, ("int8", 300, 96, 32, "q8_0")),
             (130, ("int8", 129, 256, 128, "random")),
+            (129, ("int6", 257, 512, 16, "q6_k")),
+            (70, ("int5", 130, 96, 32, "q5_0")),
+            (200, ("int5", 65, 160, 32, "q5_1")),  # a stored bias: its term in the tiles too
         ):
-            _passes(rt, "int8_gemm", conformance._matmul_case("int8_gemm", n, desc))
+            op = f"{desc[0]}_gemm"
+            _passes(rt, op, conformance._matmul_case(op, n, desc))
         tiled = {dict(key[2])["TPT"] for key in rt._kernels if key[:2] == ("int8_gemm", "int8_gemm")}
         assert tiled == {int(tpt)}
     finally:
@@ -72,16 +79,28 @@ def test_int8_gate_up_silu_and_linear_add_rmsnorm_are_one_gemv_launch(registry, 
 
 
 def _host_bytes(weight) -> int:
-    assert isinstance(weight, Int8Weight)
-    return weight.codes.nbytes + weight.scale.nbytes
+    """The bytes the device holds for a host weight: all of it, but a Q5_0 weight's biases (-16 * scale)."""
+    if isinstance(weight, RowParts):
+        return sum(_host_bytes(part) for part in weight.parts)
+    if isinstance(weight, Int8Weight):
+        return weight.codes.nbytes + weight.scale.nbytes
+    assert isinstance(weight, (Int5Weight, Int6Weight))
+    q5_0 = isinstance(weight, Int5Weight) and np.array_equal(weight.bias, -16 * weight.scale)
+    return weight.nbytes - (weight.bias.nbytes if q5_0 else 0)
+
+
+KIND_OF_TYPE = {"Q8_0": "int8", "Q6_K": "int6", "Q5_0": "int5", "Q5_1": "int5", "Q5_K": "int5"}
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["native-replay", "python-replay"])
-@pytest.mark.parametrize("tensor_type", ["Q8_0", "Q6_K"])
-def test_recorded_decode_steps_with_int8_layers_replay_exactly(registry, tmp_path, monkeypatch, tensor_type, native):
-    """A tiny Llama whose every matrix is int8 (Q8_0: float16 scales per 32; Q6_K: float32 per 16): the handles are
-    int8 holding the host's codes and scales (nothing widened), and recorded prompt and decode steps, replayed from
-    the native thread or from Python, give the logits of running every op."""
+@pytest.mark.parametrize("tensor_type", list(KIND_OF_TYPE))
+def test_recorded_decode_steps_with_byte_decoded_layers_replay_exactly(
+    registry, tmp_path, monkeypatch, tensor_type, native
+):
+    """A tiny Llama whose every matrix is of one type (Q8_0: int8 with float16 scales per 32; Q6_K: int6; Q5_x:
+    int5, Q5_0's without biases): the handles hold the host's bytes in their own form (nothing widened), and
+    recorded prompt and decode steps, replayed from the native thread or from Python, give the logits of running
+    every op."""
     from perfx_opencl import native_replay
 
     from perfx_core.model import LlamaModel
@@ -103,8 +122,9 @@ def test_recorded_decode_steps_with_int8_layers_replay_exactly(registry, tmp_pat
             (layer.w_down, host.w_down),
         ]
         for handle, weight in pairs:
-            assert handle.kind == "int8" and rt.weight_bytes(handle) == _host_bytes(weight)
-            assert (handle.scale.dtype == np.float32) == (tensor_type == "Q6_K")
+            assert handle.kind == KIND_OF_TYPE[tensor_type] and rt.weight_bytes(handle) == _host_bytes(weight)
+            if tensor_type == "Q5_0":
+                assert "bias" not in handle.planes
 
         def run(graphs: str) -> list[np.ndarray]:
             monkeypatch.setenv("PERFX_OPENCL_GRAPHS", graphs)
@@ -142,11 +162,11 @@ def gemma_path() -> Path:
 
 
 @pytest.mark.slow
-def test_gemma3_270m_q4_k_m_keeps_its_int8_weights_and_matches_numpy(registry, gemma_path):
-    """Gemma 3 270M Q4_K_M: its Q8_0/Q5_0/Q6_K matrices (all but wo and some down projections) stay int8 on the
-    device at the host's bytes (the tied 262144 x 640 table: 178 MB, not 671 MB of float32; the Q5_0 ones, int5 on
-    the host, as int8, q|k and v fused into one matrix again); an 80-token prompt's logits (the tiled GEMMs) and
-    greedy decoding (the GEMVs) are the NumPy backend's."""
+def test_gemma3_270m_q4_k_m_keeps_its_weights_and_matches_numpy(registry, gemma_path):
+    """Gemma 3 270M Q4_K_M: its Q8_0/Q5_0/Q6_K matrices (all but wo and some down projections) stay int8, int5 and
+    int6 on the device at the host's bytes, Q5_0's without biases (the tied 262144 x 640 table: 178 MB, not 671 MB
+    of float32); an 80-token prompt's logits (the tiled GEMMs) and greedy decoding (the GEMVs) are the NumPy
+    backend's."""
     from golden_text import GOLDEN_TEXT
 
     _, weights, _ = load_llama_gguf(gemma_path)
@@ -155,7 +175,7 @@ def test_gemma3_270m_q4_k_m_keeps_its_int8_weights_and_matches_numpy(registry, g
         engine, rt = cl.engine, cl.engine.rt
         assert engine.output is engine.embedding and engine.embedding.kind == "int8"
         assert rt.weight_bytes(engine.embedding) == _host_bytes(weights.token_embedding) == 262144 * 640 * 34 // 32
-        kinds = {"int8": 0, "int4": 0}
+        kinds = {"int8": 0, "int6": 0, "int5": 0, "int4": 0, "parts": 0}
         for layer, host in zip(engine.layers, weights.layers, strict=True):
             for handle, weight in (
                 (layer.w_qkv, concat_rows([host.wq, host.wk, host.wv])),
@@ -164,11 +184,18 @@ def test_gemma3_270m_q4_k_m_keeps_its_int8_weights_and_matches_numpy(registry, g
                 (layer.wo, host.wo),
             ):
                 kinds[handle.kind] += 1
-                weight = for_runtime(weight, rt.block_formats, rt.weight_formats)  # int5 -> int8, row parts fused
-                if handle.kind == "int8":
-                    assert rt.weight_bytes(handle) == _host_bytes(weight)
-                    assert (handle.scale.dtype == np.float32) == (weight.scale.dtype == np.float32)
-        assert kinds["int8"] >= 2 * len(engine.layers) and kinds["int8"] + kinds["int4"] == 4 * len(engine.layers)
+                weight = for_runtime(weight, rt.block_formats, rt.weight_formats)
+                if handle.kind != "int4":
+                    assert weight_bytes(rt, handle) == _host_bytes(weight)
+        # q|k|v Q5_0 in half the layers, with a Q8_0 v (two parts) in the others; down Q4_K or Q6_K
+        layers = len(engine.layers)
+        assert kinds == {
+            "int8": 0,
+            "int6": layers // 2,
+            "int5": 3 * layers // 2,
+            "int4": 3 * layers // 2,
+            "parts": layers // 2,
+        }
         del weights
         ids = cl.tokenizer.encode(GOLDEN_TEXT, add_special=True)[:80]
         ours = cl.logits(ids)
@@ -188,3 +215,26 @@ def test_gemma3_270m_q4_k_m_keeps_its_int8_weights_and_matches_numpy(registry, g
     nmse = float(((ours - expected) ** 2).mean() / (expected**2).mean())
     assert nmse < 1e-9, nmse
     assert (ours.argmax(1) == expected.argmax(1)).all()
+
+
+@pytest.mark.parametrize("backend", ["numpy", "opencl"])
+@pytest.mark.parametrize("tensor_type", ["Q8_0", "Q6_K", "Q5_0", "Q5_1", "Q5_K", "Q4_0", "Q4_1", "Q4_K"])
+def test_each_types_matrices_take_at_most_1_1x_their_bytes_in_the_file(
+    registry, request, tmp_path, backend, tensor_type
+):
+    """The models issue's bar, per type and backend, as `perfx bench` reports it (after its runs: the layouts the
+    ops made on first use count): the matrices a backend holds are within 10% of their tensor data in the GGUF file
+    (NumPy with the numba plugin where it is installed, as the suite runs it)."""
+    from perfx_core.bench import run_bench
+    from perfx_core.gguf_file import read_gguf
+
+    if backend == "numpy" and tensor_type == "Q4_0":
+        # The numba plugin keeps a float16 bias per 32 next to each scale (0.625 bytes per weight, 1.11x the file's
+        # 0.5625; NumPy alone 1.22x): its kernels read a bias per group. Strict: this fails once that is fixed.
+        request.applymarker(pytest.mark.xfail(strict=True, reason="Q4_0's biases (-8 * scale) are stored on the CPU"))
+
+    path = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type=tensor_type, seed=5, **sizes_for(tensor_type)).path
+    matrices = sum(t.nbytes for name, t in read_gguf(path).tensors.items() if not name.endswith("norm.weight"))
+    report = run_bench(str(path), backend=backend, prompt_tokens=8, gen_tokens=2, repeat=1)["weight_bytes"]
+    held = sum(kind["bytes"] for kind in report.values())
+    assert held <= 1.1 * matrices, (held / matrices, report)

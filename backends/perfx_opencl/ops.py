@@ -9,6 +9,7 @@ import contextlib
 import functools
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,13 +30,17 @@ from perfx_core.ops import (
 from . import tuning
 from .tuning import ADRENO_GEMV_TUNING, FLAGS, GEMV_TUNING  # the GEMV's default shapes (RW, KS, CR, UC, XS, QX)
 
-# Fused composites, for int4 and int8 weights and the token counts their kernels take (else the generic
-# compositions), and the int8 weight format's matmul (the runtime lists "int8" in weight_formats).
+# Fused composites, for int4 and byte-decoded weights and the token counts their kernels take (else the generic
+# compositions), and the matmuls of the int8, int5 and int6 weight formats (the runtime lists them in
+# weight_formats).
 OPS = (
     PRIMITIVE_OPS
     + FAMILY_OPS
-    + ("gate_up_silu", "linear_add_rmsnorm", "attention_mixed", "argmax", "sample", "int8_gemm", "write_columns")
+    + ("gate_up_silu", "linear_add_rmsnorm", "attention_mixed", "argmax", "sample", "write_columns")
+    + ("int8_gemm", "int5_gemm", "int6_gemm")
 )
+BYTE_KINDS = ("int8", "int5", "int6")  # weights the byte-decoded kernels take (kernels/int8_weight.cl)
+GEMV_KINDS = ("int4", *BYTE_KINDS)  # weights with a GEMV kernel of their own (and its fused gate and norm tails)
 
 SMALL_N = 16  # up to this many tokens an int4 matmul uses the GEMV kernel, which reads W once for all of them
 # Up to this many tokens (a short prompt), GEMV passes of SMALL_N tokens beat the tiled GEMM, whose 64-token
@@ -146,7 +151,7 @@ def embedding(rt, table, ids, out):
             d,
             table.group_size.bit_length() - 1,
         )
-    elif table.kind == "int8":
+    elif table.kind in BYTE_KINDS:
         kernel = rt.kernel("int8", "embedding_int8", **_int8_options(table))
         rt.launch(
             kernel,
@@ -355,8 +360,9 @@ def _post(post_weight) -> tuple:
 
 
 def _gemv_passes(rt, x, w, out, silu=False, gelu=False):
-    """The GEMV of the weight's format (int4 or int8) over ``x``'s rows SMALL_N at a time (views: no copies)."""
-    gemv = _int8_gemv if w.kind == "int8" else _int4_gemv
+    """The GEMV of the weight's format (int4 or byte-decoded) over ``x``'s rows SMALL_N at a time (views: no
+    copies)."""
+    gemv = _int4_gemv if w.kind == "int4" else _int8_gemv
     n, cols = out.shape
     k = x.shape[1]
     for start in range(0, n, SMALL_N):
@@ -577,16 +583,37 @@ def int4_gemm(rt, x, w, out):
     )
 
 
-# -- int8 weights (perfx_core.weights.Int8Weight: GGUF Q8_0, Q5_0, Q6_K; layout in kernels/int8_weight.cl) ------
+# -- byte-decoded weights (kernels/int8_weight.cl: Int8Weight, GGUF Q8_0; Int6Weight, Q6_K; Int5Weight, Q5_0,
+# Q5_1, Q5_K) -----------------------------------------------------------------------------------------------------
 
 
 def _int8_options(w) -> dict:
+    """The build options of a byte-decoded weight's form (int8_weight.cl)."""
+    if w.kind == "int6":
+        return {"INT6": True}
+    if w.kind == "int5":
+        return {"INT5": True, "Q5_0_BIAS": "bias" not in w.planes}
     return {"SCALE_F32": w.scale.dtype == np.float32}
 
 
+def _has_bias(w) -> bool:
+    return w.kind == "int5" and "bias" in w.planes
+
+
 def _int8_weight_args(w) -> tuple:
-    """The codes and scales of an int8 weight as its kernels take them (int8_weight.cl)."""
-    return w.codes.buffer, w.scale.buffer
+    """A byte-decoded weight's arrays as its kernels take them (int8_weight.cl BYTE_WEIGHT_PARAMS): an int8 one's
+    codes and scales; an int6 or int5 one's planes as (buffer, element offset) pairs, a Q5_0 one's scales'
+    buffer in its bias's place, unread. Buffers and ints, not tensors (_int4_weight_args says why)."""
+    if w.kind == "int8":
+        return w.codes.buffer, w.scale.buffer
+    planes = list(w.planes.values())
+    if len(planes) == 3:  # Q5_0: no bias plane
+        planes.append(planes[2])
+    return tuple(a for t in planes for a in (t.buffer, t.offset))
+
+
+def _form_key(w) -> tuple:
+    return tuple(sorted(_int8_options(w).items()))
 
 
 def _group_shift(w) -> int:
@@ -600,7 +627,7 @@ def _int8_gemv_plan(
     rows: int,
     x_form: str,
     add_norm: bool,
-    scale_f32: bool,
+    form: tuple,
     gelu: bool = False,
     post_norm: bool = False,
 ) -> tuple[Any, tuple[int, int], tuple[int, int]]:
@@ -608,7 +635,7 @@ def _int8_gemv_plan(
     the variant's untuned int4 default (RW, KS, UC: a chunk is 16 bytes in both formats) with PERFX_OPENCL_GEMV's
     RW, KS and UC; `perfx tune` does not tune it."""
     plans = rt.__dict__.setdefault("_gemv_plans", {})
-    key = ("int8", silu, nt, rows, x_form, add_norm, scale_f32, gelu, post_norm)
+    key = ("int8", silu, nt, rows, x_form, add_norm, form, gelu, post_norm)
     plan = plans.get(key)
     if plan is None:
         base = {**(ADRENO_GEMV_TUNING if rt.variant == "adreno" else GEMV_TUNING), **gemv_overrides()}
@@ -627,7 +654,7 @@ def _int8_gemv_plan(
             POST_NORM=post_norm,
             X_IMAGE=x_form == "image",
             X_UNALIGNED=x_form == "unaligned",
-            SCALE_F32=scale_f32,
+            **dict(form),
             **config,
         )
         plan = plans[key] = (kernel, (_round_up(rows, config["RW"]), config["KS"]), (config["RW"], config["KS"]))
@@ -643,7 +670,7 @@ def _int8_gemv(rt, x, w, out, n, silu=False, epilogue=(), gelu=False, post_weigh
     image = rt.image_of(x)
     x_form = "image" if image is not None else ("aligned" if x.offset % 4 == 0 else "unaligned")
     kernel, global_size, local_size = _int8_gemv_plan(
-        rt, silu, nt, rows, x_form, bool(epilogue), w.scale.dtype == np.float32, gelu, post_weight is not None
+        rt, silu, nt, rows, x_form, bool(epilogue), _form_key(w), gelu, post_weight is not None
     )
     x_arg = (image, x.offset) if image is not None else (x,)
     rt.launch(
@@ -662,7 +689,7 @@ def _int8_mma(rt, x, w, out):
     k = w.shape[1]
     plans = rt.__dict__.setdefault("_gemv_plans", {})
     unaligned = x.offset % 4 != 0
-    key = ("int8_mma", n, rows, k, unaligned, w.scale.dtype == np.float32)
+    key = ("int8_mma", n, rows, k, unaligned, _form_key(w))
     plan = plans.get(key)
     if plan is None:
         shape = _mma_config(rt, n, rows, k, 32)
@@ -677,15 +704,16 @@ def _int8_mma(rt, x, w, out):
 
 
 def int8_gemm(rt, x, w, out):
-    """The int8 GEMV in passes of SMALL_N tokens up to GEMV_PASSES_N; beyond, the matrix units where the runtime has
-    them (a 7B Q4_K_M's Q6_K matmuls of a 512-token prefill on the H100: see docs/opencl.md), else the tiled GEMM
+    """A byte-decoded weight's matmul (int8, int5 or int6): the GEMV in passes of SMALL_N tokens up to
+    GEMV_PASSES_N; beyond, the matrix units where the runtime has them (a 7B Q4_K_M's Q6_K matmuls of a 512-token
+    prefill on the H100: see docs/opencl.md) and the weight has no bias term, else the tiled GEMM
     (kernels/int8_gemm.cl)."""
     n, m = out.shape
     if n <= GEMV_PASSES_N:
         _gemv_passes(rt, x, w, out)
         return
-    if INT8_MMA and on_matrix_units(rt, n):
-        _int8_mma(rt, x, w, out)
+    if INT8_MMA and on_matrix_units(rt, n) and not _has_bias(w):
+        _int8_mma(rt, x, _as_int8(rt, w), out)
         return
     tpt = _gemm_tokens_per_thread(rt, n, m)
     rt.launch(
@@ -700,6 +728,38 @@ def int8_gemm(rt, x, w, out):
         w.shape[1],
         _group_shift(w),
     )
+
+
+int5_gemm = int6_gemm = int8_gemm  # one set of kernels, built per form (_int8_options)
+
+
+@dataclass(frozen=True)
+class _Int8Scratch:
+    """An int6 or Q5_0 weight expanded to the int8 form in scratch buffers: codes (k/16, m, 16), float32 scales per
+    16 columns (k/16, m)."""
+
+    shape: tuple[int, int]
+    codes: Any
+    scale: Any
+    group_size: int = 16
+    kind: str = "int8"
+
+
+def _as_int8(rt, w):
+    """``w`` in the int8 form that the matrix-unit kernel takes: itself, or an int6 / Q5_0 weight expanded into
+    scratch buffers (int8.cl to_int8). Expanding reads the weight once and writes 1.25 bytes per weight, a small
+    part of a prompt matmul's cost, and keeps the matrix-unit kernel at one load per lane and row (decoding the
+    planes there was slower: docs/opencl.md)."""
+    if w.kind == "int8":
+        return w
+    m, k = w.shape
+    chunks = k // 16
+    view = _Int8Scratch(
+        w.shape, rt.scratch("int8_codes", (chunks, m, 16), np.uint8), rt.scratch("int8_scales", (chunks, m))
+    )
+    kernel = rt.kernel("int8", "to_int8", **_int8_options(w))
+    rt.launch(kernel, (m, chunks), None, *_int8_weight_args(w), view.codes.buffer, view.scale.buffer, m)
+    return view
 
 
 def dense_gemm(rt, x, w, out):
@@ -718,7 +778,7 @@ def _gate_up(rt, x, w_gate_up, out, gelu: bool) -> bool:
     """The gated MLP's first half in the matmul's launch where a kernel takes it; False where none does."""
     if w_gate_up.kind == "int4" and on_matrix_units(rt, out.shape[0]):
         _int4_mma(rt, x, w_gate_up, out, silu=True, gelu=gelu)
-    elif w_gate_up.kind in ("int4", "int8") and out.shape[0] <= GEMV_PASSES_N:
+    elif w_gate_up.kind in GEMV_KINDS and out.shape[0] <= GEMV_PASSES_N:
         _gemv_passes(rt, x, w_gate_up, out, silu=True, gelu=gelu)
     else:
         return False
@@ -737,7 +797,7 @@ def gate_up_gelu(rt, x, w_gate_up, out):
 
 def _linear_norm_tail(rt, x, w, residual, weight, eps, out, post_weight=None) -> bool:
     """linear_add_rmsnorm (with ``post_weight``: linear_post_norm_add_rmsnorm) in the matmul's launch, whose kernel
-    finishes the job (kernels/add_norm_tail.cl): the GEMV (int4 or int8) up to SMALL_N tokens, the matrix units
+    finishes the job (kernels/add_norm_tail.cl): the GEMV (int4 or byte-decoded) up to SMALL_N tokens, the matrix units
     (int4) up to MMA_ADD_NORM_N. False where no kernel takes it."""
     n = out.shape[0]
     mma = w.kind == "int4" and on_matrix_units(rt, n)
@@ -745,14 +805,14 @@ def _linear_norm_tail(rt, x, w, residual, weight, eps, out, post_weight=None) ->
         fused = n <= MMA_ADD_NORM_N and _norm_finishers_cap() != 0
     else:
         fused = n <= SMALL_N
-    if w.kind not in ("int4", "int8") or not rt.fused_tails or not fused:
+    if w.kind not in GEMV_KINDS or not rt.fused_tails or not fused:
         return False
     delta = rt.scratch("linear_add_rmsnorm", out.shape)
     epilogue = (residual, weight, out, float(eps), rt.zeroed_ints("add_norm_counter", 2))
     if mma:
         _int4_mma(rt, x, w, delta, epilogue=epilogue, post_weight=post_weight)
     else:
-        gemv = _int8_gemv if w.kind == "int8" else _int4_gemv
+        gemv = _int4_gemv if w.kind == "int4" else _int8_gemv
         gemv(rt, x, w, delta, n, epilogue=(*epilogue, 1), post_weight=post_weight)
     return True
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from perfx_core.backend import DeviceInfo, KVCacheSpec, Runtime
 from perfx_core.errors import BackendError, BackendUnavailableError, InvalidArgumentError
+from perfx_core.split_weights import Int5Weight, Int6Weight
 from perfx_core.weights import BlockWeight, DenseWeight, Int4KScales, Int4Weight, Int8Weight, Weight
 
 from . import native_replay, ops, program_cache, tuner
@@ -167,6 +168,18 @@ class CLInt8Weight:
 
 
 @dataclass(eq=False)
+class CLSplitWeight:
+    """A GGUF 5- or 6-bit weight as uploaded (kernels/int8_weight.cl's int6 and int5 forms): its planes by name,
+    chunk-major. int6: lo, hi, sub, d; int5: lo, hi, scale and bias (none for a Q5_0 weight: -16 * scale)."""
+
+    shape: tuple[int, int]
+    kind: str  # "int5" or "int6"
+    planes: dict[str, CLTensor]
+
+    group_size = 32  # the int5 form's groups (int6's sub-scales are per 16 columns, fixed in the kernels)
+
+
+@dataclass(eq=False)
 class CLDenseWeight:
     shape: tuple[int, int]
     data: CLTensor  # float32 or float16 (m, k)
@@ -216,16 +229,20 @@ class _Graph:
 
 # GGML (bytes, weights) per block of the file formats prepare_weight re-packs itself
 _BLOCKS = {"q4_0": (18, 32), "q4_1": (20, 32), "q4_k": (144, 256)}
-_ELEM_BYTES = {"ushort": 2, "uint": 4, "uint4": 16}  # kernels/layout.cl's ELEMs
+_ELEM_BYTES = {"uchar": 1, "ushort": 2, "uint": 4, "uint2": 8, "uint4": 16}  # kernels/layout.cl's ELEMs
+_CHUNK = 16  # columns per chunk of the byte-decoded forms (kernels/int8_weight.cl)
 # Weights' shared buffers (prepare_weights): rounded up to the 2 MiB that NVIDIA's driver rounds a buffer over
 # 1 MiB to (measured: 16 buffers of 1 MiB + 4 KiB took 32 MiB, of 2.6875 MiB 64), at most 1 GiB each.
 _ARENA_ROUNDING = 2 << 20
 _ARENA_MAX = 1 << 30
 
 
-def _int4_layout(weight: Weight) -> list[tuple[tuple[int, ...], np.dtype]] | None:
-    """The (shape, dtype)s of an int4 weight's device arrays (packed, scale, bias; a Q4_0 file's has no bias),
-    or None for a weight that is not placed as int4."""
+def _placed_layout(weight: Weight) -> list[tuple[tuple[int, ...], np.dtype]] | None:
+    """The (shape, dtype)s of the device arrays of a weight placed in shared buffers (an int4 one's packed, scale,
+    bias, a Q4_0 file's without bias; an int5 or int6 one's planes, _split_layout), or None for one with buffers of
+    its own."""
+    if isinstance(weight, (Int5Weight, Int6Weight)):
+        return list(_split_layout(weight).values())
     if isinstance(weight, Int4Weight):
         m, k = weight.shape
         if weight.k_scales is not None:
@@ -239,6 +256,28 @@ def _int4_layout(weight: Weight) -> list[tuple[tuple[int, ...], np.dtype]] | Non
         parts = [((k // 32, m, 16), np.dtype(np.uint8)), ((k // 32, m), np.dtype(np.float16))]
         return parts if weight.block_format == "q4_0" else parts + [((k // 32, m), np.dtype(np.float32))]
     return None
+
+
+def _split_layout(weight: Int5Weight | Int6Weight) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """An int6 or int5 weight's planes on the device (kernels/int8_weight.cl), by name: lo and hi (split_blocks.cl
+    makes them), then sub and d, or scale and bias (none for Q5_0, _is_q5_0), [group][row] as the host's transposed."""
+    m, k = weight.shape
+    planes = {"lo": ((k // _CHUNK, m, 2), np.dtype(np.uint32))}
+    if isinstance(weight, Int6Weight):
+        planes["hi"] = ((k // _CHUNK, m), np.dtype(np.uint32))
+        names: tuple[str, ...] = ("sub", "d")
+    else:
+        planes["hi"] = ((k // 32, m), np.dtype(np.uint32))
+        names = ("scale",) if _is_q5_0(weight) else ("scale", "bias")
+    for name in names:
+        host = getattr(weight, name)
+        planes[name] = ((host.shape[1], m), host.dtype)
+    return planes
+
+
+def _is_q5_0(weight: Int5Weight) -> bool:
+    """Whether every bias is -16 times its scale (GGUF Q5_0): such a weight is stored and read without them."""
+    return bool(np.array_equal(weight.bias.astype(np.float32), -16.0 * weight.scale.astype(np.float32)))
 
 
 def _q4_k_layout(m: int, k: int) -> list[tuple[tuple[int, ...], np.dtype]]:
@@ -262,7 +301,8 @@ class OpenCLRuntime(Runtime):
     """One opened OpenCL device. ``variant`` is "generic" or "adreno" (kernels built with -DADRENO)."""
 
     block_formats = frozenset(_BLOCKS)
-    weight_formats = frozenset({"int8"})  # Int8Weight stays int8 on the device (ops.int8_gemm)
+    # Int8Weight, Int5Weight and Int6Weight stay as they are on the device (ops.int8_gemm, int5_gemm, int6_gemm)
+    weight_formats = frozenset({"int8", "int5", "int6"})
 
     def __init__(self, backend_name: str, info: DeviceInfo, device: Any, state: _DeviceState, variant: str):
         self.backend_name = backend_name
@@ -442,10 +482,11 @@ class OpenCLRuntime(Runtime):
     def prepare_weights(self, weights: list[Weight]) -> list:
         """Device handles of ``weights`` (a layer's matrices). Their int4 arrays share buffers (_place_parts):
         NVIDIA's driver rounds each buffer over 1 MiB up to 2 MiB, which cost a 7B Q4_0 145 MiB with one buffer
-        per array, and 15 MiB placed a layer to a buffer (H200). Other weights get buffers of their own."""
+        per array, and 15 MiB placed a layer to a buffer (H200); so do their int5 and int6 planes. Other weights
+        get buffers of their own."""
         start = time.perf_counter()
         try:
-            layouts = [_int4_layout(w) for w in weights]
+            layouts = [_placed_layout(w) for w in weights]
             placed = iter(self._place_parts([part for layout in layouts if layout for part in layout]))
             return [
                 self._prepare(w, [next(placed) for _ in layout] if layout else None)
@@ -488,7 +529,7 @@ class OpenCLRuntime(Runtime):
         ]
 
     def _prepare(self, weight: Weight, parts: list[CLTensor] | None):
-        """One weight's device handle; an int4 one's arrays go into ``parts`` (its _int4_layout, placed)."""
+        """One weight's device handle; an int4, int5 or int6 one's arrays go into ``parts`` (its _placed_layout)."""
         if isinstance(weight, Int4Weight):
             m, k = weight.shape
             # Chunk-major layout (kernels/int4.cl): 16-byte chunks of 32 codes, [chunk][row]; scale (float16
@@ -513,15 +554,19 @@ class OpenCLRuntime(Runtime):
                 self._transposed(weight.codes.reshape(m, k // 16, 16), "uint4"),
                 self._transposed(weight.scale, "ushort" if weight.scale.dtype == np.float16 else "uint"),
             )
+        if isinstance(weight, (Int5Weight, Int6Weight)):
+            return self._split(weight, parts)
         if isinstance(weight, DenseWeight):
             return CLDenseWeight(weight.shape, self.from_numpy(weight.data))
         if isinstance(weight, BlockWeight) and weight.block_format in _BLOCKS:
             return self._from_blocks(weight, parts)
         raise InvalidArgumentError(f"the OpenCL backend cannot prepare a {type(weight).__name__}")
 
-    def weight_bytes(self, handle: CLInt4Weight | CLInt8Weight | CLDenseWeight) -> int:
+    def weight_bytes(self, handle: CLInt4Weight | CLInt8Weight | CLSplitWeight | CLDenseWeight) -> int:
         if handle.kind == "int4":
             tensors = (handle.packed, handle.scale, handle.bias)
+        elif handle.kind in ("int5", "int6"):
+            tensors = tuple(handle.planes.values())
         else:
             tensors = (handle.codes, handle.scale) if handle.kind == "int8" else (handle.data,)
         return sum(t.size * t.dtype.itemsize for t in tensors if t is not None)
@@ -564,6 +609,29 @@ class OpenCLRuntime(Runtime):
                 )
                 self.cl.enqueue_nd_range_kernel(self.queue, private, (m, k // 32), None)
         return out
+
+    def _split(self, weight: Int5Weight | Int6Weight, parts: list[CLTensor]) -> CLSplitWeight:
+        """An int6 or int5 weight in int8_weight.cl's planes: the host's nibbles and high bits uploaded as they are
+        and re-packed on the device (kernels/split_blocks.cl), its scales transposed (layout.cl)."""
+        m, k = weight.shape
+        planes = dict(zip(_split_layout(weight), parts, strict=True))
+        int6 = isinstance(weight, Int6Weight)
+        for name, part in planes.items():
+            if name not in ("lo", "hi"):
+                self._transposed(getattr(weight, name), "uchar" if name == "sub" else "ushort", part)
+        if m and k:
+            nibbles, high = (weight.ql, weight.qh) if int6 else (weight.low, weight.high)
+            staged = [self.from_numpy(nibbles), self.from_numpy(high)]
+            kernel = self.kernel("split_blocks", "int6_to_chunks" if int6 else "int5_to_chunks")
+            with check(f"re-packing an {'int6' if int6 else 'int5'} weight ({m}x{k})"):
+                private = self.cl.Kernel(kernel.program, kernel.function_name)  # holds the staged buffers until run
+                lo, hi = planes["lo"], planes["hi"]
+                private.set_args(
+                    *(t.buffer for t in staged), lo.buffer, np.int32(lo.offset), hi.buffer, np.int32(hi.offset),
+                    np.int32(m), np.int32(k // _CHUNK),
+                )  # fmt: skip
+                self.cl.enqueue_nd_range_kernel(self.queue, private, (m, k // _CHUNK), None)
+        return CLSplitWeight(weight.shape, "int6" if int6 else "int5", planes)
 
     def _transposed(self, array: np.ndarray, elem: str, out: CLTensor | None = None) -> CLTensor:
         """A device copy of ``array`` (rows, cols, ...) with its first two axes swapped, into ``out`` if given;

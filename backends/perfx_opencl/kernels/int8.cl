@@ -1,5 +1,5 @@
-// int8 GEMV: out (n, cols) = x (n, k) @ W.T for n <= NT tokens, each weight byte read once per pass (the layout is
-// int8_weight.cl's), and the int8 embedding gather. The same scheme as int4.cl's int4_gemv: RW row lanes x KS
+// GEMV of a byte-decoded weight (int8, int6 or int5: int8_weight.cl): out (n, cols) = x (n, k) @ W.T for n <= NT
+// tokens, each weight byte read once per pass, and the embedding gather of such a table. The same scheme as int4.cl's int4_gemv: RW row lanes x KS
 // k-splits per work-group, one output column per lane, UC chunks loaded together; with -DSILU, W = [W_gate; W_up]
 // (2 cols, k) and out = silu(x @ W_gate.T) * (x @ W_up.T) (gelu_tanh with -DGELU as well); with -DADD_NORM the add + RMSNorm tail
 // (add_norm_tail.cl). Global size (ceil(cols / RW) * RW, KS), local (RW, KS).
@@ -37,8 +37,9 @@
 #endif
 
 __kernel __attribute__((reqd_work_group_size(RW, KS, 1))) void int8_gemv(
-    __global const uint4* codes, __global const SCALE_T* scale, X_ARG, int x_off, __global float* out, int out_off,
-    int n, int cols, int k, int group_shift EPILOGUE_ARGS) {
+    BYTE_WEIGHT_PARAMS, X_ARG, int x_off, __global float* out, int out_off, int n, int cols, int k,
+    int group_shift EPILOGUE_ARGS) {
+    BYTE_WEIGHT_AT;
     const int m = RR * cols;
     __local float partial[KS][RW][RR * NT];
     const int lr = get_local_id(0), split = get_local_id(1);
@@ -53,7 +54,7 @@ __kernel __attribute__((reqd_work_group_size(RW, KS, 1))) void int8_gemv(
     for (int c0 = split; c0 < chunks; c0 += UC * KS) {
         // Issue every load of the UC chunks x RR rows before using any of them.
         uint4 w[UC][RR];
-        float s[UC][RR];
+        float2 s[UC][RR];  // (scale, bias)
 #pragma unroll
         for (int u = 0; u < UC; ++u) {
             const int c = c0 + u * KS;
@@ -61,8 +62,8 @@ __kernel __attribute__((reqd_work_group_size(RW, KS, 1))) void int8_gemv(
 #pragma unroll
             for (int r = 0; r < RR; ++r) {
                 const int row = col + r * cols;
-                w[u][r] = live ? codes[(size_t)c * m + row] : (uint4)(0u);
-                s[u][r] = live ? LOAD_SCALE((size_t)((c << 4) >> group_shift) * m + row, scale) : 0.0f;
+                w[u][r] = live ? chunk_words(BYTE_WEIGHT, c, row, m) : (uint4)(0u);
+                s[u][r] = live ? chunk_factors(BYTE_WEIGHT, c, row, m, group_shift) : (float2)(0.0f);
             }
         }
 #pragma unroll
@@ -75,12 +76,18 @@ __kernel __attribute__((reqd_work_group_size(RW, KS, 1))) void int8_gemv(
             float4 xv[4];
 #pragma unroll
             for (int i = 0; i < 4; ++i) xv[i] = LOAD_X4(base + 4 * i);
+#ifdef HAS_BIAS
+            const float xsum = dot(xv[0] + xv[1] + xv[2] + xv[3], (float4)(1.0f));
+#endif
 #pragma unroll
             for (int r = 0; r < RR; ++r) {
                 const uint4 q = w[u][r];
                 const float4 d = word_codes(q.s0) * xv[0] + word_codes(q.s1) * xv[1] + word_codes(q.s2) * xv[2] +
                                  word_codes(q.s3) * xv[3];
-                acc[r][0] += s[u][r] * dot(d, I8_UNSCALE);
+                acc[r][0] += s[u][r].x * dot(d, I8_UNSCALE);
+#ifdef HAS_BIAS
+                acc[r][0] += s[u][r].y * xsum;
+#endif
             }
 #else
             // Several tokens: dequantize the RR chunks once, then one multiply-add per weight and token.
@@ -128,12 +135,25 @@ __kernel __attribute__((reqd_work_group_size(RW, KS, 1))) void int8_gemv(
 #endif
 }
 
-// Rows ids[i] of an int8 table (vocab, d) in the chunk-major layout, dequantized: global size (d, n).
-__kernel void embedding_int8(__global const char* codes, __global const SCALE_T* scale, __global const int* ids,
-                             __global float* out, int out_off, int vocab, int d, int group_shift) {
+// Rows ids[i] of a byte-decoded table (vocab, d) in its chunk-major layout, dequantized: global size (d, n).
+__kernel void embedding_int8(BYTE_WEIGHT_PARAMS, __global const int* ids, __global float* out, int out_off, int vocab,
+                             int d, int group_shift) {
+    BYTE_WEIGHT_AT;
     const int c = get_global_id(0), i = get_global_id(1);
     if (c >= d) return;
     const size_t row = (size_t)ids[i];
-    const float code = (float)codes[((size_t)(c >> 4) * vocab + row) * 16 + (c & 15)];
-    out[out_off + i * d + c] = code * LOAD_SCALE((size_t)(c >> group_shift) * vocab + row, scale);
+    const uint u = chunk_word(BYTE_WEIGHT, c >> 4, row, vocab, (c >> 2) & 3) >> (8 * (c & 3));
+    const float2 f = chunk_factors(BYTE_WEIGHT, c >> 4, row, vocab, group_shift);
+    out[out_off + i * d + c] = (float)((int)(u & 0xFFu) - CODE_OFFSET) * f.x + f.y;
+}
+
+// An int6 or Q5_0 weight in the int8 form, for the matrix units' prompt kernel (int8_mma.cl): codes (k/16, m) and
+// one float32 scale per 16 columns (k/16, m), the same values. Global size (m, k/16).
+__kernel void to_int8(BYTE_WEIGHT_PARAMS, __global uint4* out_codes, __global float* out_scales, int m) {
+    BYTE_WEIGHT_AT;
+    const int row = get_global_id(0), c = get_global_id(1);
+    const size_t at = (size_t)c * m + row;
+    // code + 128 in every byte (at most 159 for int6: no carries), then the sign bit flipped: the signed code
+    out_codes[at] = (chunk_words(BYTE_WEIGHT, c, row, m) + (128 - CODE_OFFSET) * 0x01010101u) ^ 0x80808080u;
+    out_scales[at] = chunk_factors(BYTE_WEIGHT, c, row, m, 4).x;
 }

@@ -1,11 +1,12 @@
-// Tiled int8 GEMM for n > 64 tokens: out (n, m) = x (n, k) @ W.T, W in int8_weight.cl's chunk-major layout. The
+// Tiled GEMM of a byte-decoded weight for n > 64 tokens: out (n, m) = x (n, k) @ W.T, W an int8_weight.cl form. The
 // tile is gemm_tile.cl's, 32 columns of x and of the dequantized W at a time (two 16-column chunks: the 256 threads
 // load 128 rows x 2 chunks, one 16-byte chunk each). k is a multiple of 16; a last half step past k reads zeros.
 // Global size (ceil(m / 128) * 16, ceil(n / TM) * 16), local (16, 16).
 
 __kernel __attribute__((reqd_work_group_size(16, 16, 1))) void int8_gemm(
-    __global const uint4* codes, __global const SCALE_T* scale, __global const float* x, int x_off,
-    __global float* out, int out_off, int n, int m, int k, int group_shift) {
+    BYTE_WEIGHT_PARAMS, __global const float* x, int x_off, __global float* out, int out_off, int n, int m, int k,
+    int group_shift) {
+    BYTE_WEIGHT_AT;
     __local float4 ws[KT][TN / 4];  // dequantized weights, [kk][row]
     __local float4 xs[KT][TM / 4];  // x, [kk][token]
     const int tx = get_local_id(0), ty = get_local_id(1), tid = ty * 16 + tx;
@@ -26,8 +27,8 @@ __kernel __attribute__((reqd_work_group_size(16, 16, 1))) void int8_gemm(
             const int r = tid % TN, part = tid / TN, c = (k0 >> 4) + part, row = row0 + r;
             float4 wv[4] = {(float4)(0.0f), (float4)(0.0f), (float4)(0.0f), (float4)(0.0f)};
             if (row < m && c < chunks)
-                dequantize_chunk8(codes[(size_t)c * m + row],
-                                  LOAD_SCALE((size_t)((c << 4) >> group_shift) * m + row, scale), wv);
+                dequantize_chunk8(chunk_words(BYTE_WEIGHT, c, row, m), chunk_factors(BYTE_WEIGHT, c, row, m, group_shift),
+                                  wv);
             const int kk = 16 * part;
 #pragma unroll
             for (int j = 0; j < 4; ++j) {

@@ -1,12 +1,12 @@
-// int8 matmuls on matrix units: out (n, rows) = x (n, k) @ W.T with W in int8_weight.cl's chunk-major layout
-// (codes uint4 (k/16, m), scales (k/g, m)), for prompts (the int8 GEMV takes up to 64 tokens).
+// int8 matmuls on matrix units: out (n, rows) = x (n, k) @ W.T with W in int8_weight.cl's int8 form (an int6 or Q5_0
+// weight expanded to it: int8.cl to_int8), for prompts (the GEMV takes up to 64 tokens).
 //
 // int4_mma.cl's scheme (warps of MT 16-row x NT8 8-token tiles, mma m16n8k16 through mma.cl, KW warps splitting
 // k) with a 16-column chunk as one k16 step. Fragments, for lane = 4 * g + t: lane t takes word t of each row's
 // chunk (columns 16c + 4t .. 4t+3) and maps logical k (2t, 2t+1) onto its bytes 0, 1 and (2t+8, 2t+9) onto bytes
 // 2, 3; its x are columns 16c + 4t .. 4t+3 of token g, paired the same way. A byte pair becomes two halves without
-// a conversion instruction: the sign bit flipped, each byte masked into the low bits of a half 0x6400 (1024 + u)
-// and 1152 subtracted leaves the code, exact in half.
+// a conversion instruction: each byte u = code + 128 (chunk_word) masked into the low bits of a half 0x6400
+// (1024 + u) and 1152 subtracted leaves the code, exact in half.
 //
 // The scale stays out of the half arithmetic: each chunk's products are summed by the matrix unit in float32 and
 // then multiplied by the row's float scale (GGUF Q6_K's d * sc is exact only in float32), so only x is rounded,
@@ -28,9 +28,13 @@
 #define LOAD_X4(i) (*(__global const float4*)(x + (i)))  // the host passes x_off % 4 == 0
 #endif
 
-// Bytes 0, 1 (high = 0) or 2, 3 (high = 1) of a word of codes as the halves 1024 + code + 128.
+#if CODE_OFFSET != 128
+#error "int8_mma takes the int8 form: the host expands an int6 or Q5_0 weight to it first (int8.cl to_int8)"
+#endif
+
+// Bytes 0, 1 (high = 0) or 2, 3 (high = 1) of a word of offset bytes as the halves 1024 + code + 128.
 inline uint byte_pair(uint w, int high) {
-    const uint u = (w ^ 0x80808080u) >> (16 * high);
+    const uint u = w >> (16 * high);
     return (u & 0xFFu) | ((u << 8) & 0xFF0000u) | 0x64006400u;
 }
 
@@ -45,8 +49,9 @@ inline uint codes_of(uint pair) { return half2_of(half_value(pair) - 1152.0f, ha
 #endif
 
 __kernel __attribute__((reqd_work_group_size(32 * KW, 1, 1))) void int8_mma(
-    __global const uint* codes, __global const SCALE_T* scale, __global const float* x, int x_off,
-    __global float* out, int out_off, int n, int rows, int k, int group_shift) {
+    BYTE_WEIGHT_PARAMS, __global const float* x, int x_off, __global float* out, int out_off, int n, int rows, int k,
+    int group_shift) {
+    BYTE_WEIGHT_AT;
     const int lane = get_local_id(0) & 31, warp = get_local_id(0) >> 5, g = lane >> 2, t = lane & 3;
     const int row0 = get_group_id(0) * 16 * MT, token0 = get_group_id(1) * 8 * NT8;
     // This lane's weight rows (g and g + 8 of each tile) and x rows (token g of each tile), clamped into range:
@@ -73,13 +78,12 @@ __kernel __attribute__((reqd_work_group_size(32 * KW, 1, 1))) void int8_mma(
     for (int c = c_begin; c < c_end; ++c) {
         uint w[MT][2];
         float s[MT][2];
-        const size_t grp = (size_t)((c << 4) >> group_shift) * rows;
 #pragma unroll
         for (int i = 0; i < MT; ++i)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                w[i][h] = codes[((size_t)c * rows + wrow[i][h]) * 4 + t];
-                s[i][h] = LOAD_SCALE(grp + wrow[i][h], scale);
+                w[i][h] = chunk_word(BYTE_WEIGHT, c, wrow[i][h], rows, t);
+                s[i][h] = chunk_factors(BYTE_WEIGHT, c, wrow[i][h], rows, group_shift).x;
             }
         uint bx[NT8][2];
 #pragma unroll
