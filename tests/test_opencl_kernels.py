@@ -139,12 +139,14 @@ def test_int4_gemm_tiles_cover_every_token_and_row(registry, monkeypatch, tpt):
 @pytest.fixture
 def matrix_units(monkeypatch):
     """Int4 matmuls of 2+ tokens and int8 ones past 64 on the mma kernels (native on NVIDIA; their portable
-    emulation on PoCL)."""
+    emulation on PoCL), int6 and Q5_0 ones expanded to int8 first."""
     monkeypatch.setenv("PERFX_OPENCL_MMA", "1")
 
 
 def test_matrix_unit_kernel_conforms(registry, matrix_units):
-    assert_backend_conforms("opencl", ops=["int4_gemm", "gate_up_silu", "linear_add_rmsnorm", "int8_gemm"])
+    assert_backend_conforms(
+        "opencl", ops=["int4_gemm", "gate_up_silu", "linear_add_rmsnorm", "int8_gemm", "int5_gemm", "int6_gemm"]
+    )
 
 
 @pytest.mark.parametrize(
