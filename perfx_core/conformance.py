@@ -245,14 +245,17 @@ def _activations(rng: np.random.Generator, shape: tuple[int, ...], decades: floa
 
 def _int4(rng: np.random.Generator, m: int, k: int, group: int, how: str) -> Int4Weight:
     """An int4 weight from quantize_rtn of random data ("rtn"), with random codes, scales and biases ("random"), or
-    as GGUF Q4_K makes one ("q4_k": random 6-bit sc and m per 32 columns, float16 d and dmin per 256)."""
+    as GGUF Q4_K makes one ("q4_k": random 6-bit sc and m per 32 columns, float16 d and dmin per 256), or as Q4_0
+    does ("q4_0": each bias -8 times its scale, which a backend may compute instead of storing)."""
     if how == "rtn":
         return quantize_rtn(rng.standard_normal((m, k)).astype(np.float32) * 0.05, group)
     if how == "q4_k":
         return random_q4_k(m, k, rng)
     packed = rng.integers(0, 256, (m, k // 2), dtype=np.uint8)
     scale = rng.uniform(-0.05, 0.05, (m, k // group)).astype(np.float16)
-    bias = rng.normal(0.0, 0.1, (m, k // group)).astype(np.float32)
+    bias = (
+        -8.0 * scale.astype(np.float32) if how == "q4_0" else rng.normal(0.0, 0.1, (m, k // group)).astype(np.float32)
+    )
     return Int4Weight(packed, scale, bias, group)
 
 
@@ -642,6 +645,7 @@ def _cases(op: str) -> list[tuple[str, float, Body]]:
             _embedding_case(2, ("dense", 513, 77, "float16")),
             _embedding_case(64, ("int4", 2000, 96, 32, "random")),
             _embedding_case(9, ("int4", 300, 512, 32, "q4_k")),
+            _embedding_case(3, ("int4", 300, 256, 32, "q4_0")),
         ]
     if op == "int4_gemv":
         return [
@@ -652,6 +656,7 @@ def _cases(op: str) -> list[tuple[str, float, Body]]:
             _matmul_case(op, 1, ("int4", 1536, 576, 64, "rtn")),
             _matmul_case(op, 1, ("int4", 129, 384, 128, "rtn")),
             _matmul_case(op, 1, ("int4", 257, 512, 32, "q4_k")),
+            _matmul_case(op, 1, ("int4", 130, 256, 32, "q4_0")),
         ]
     if op == "int4_gemm":
         return [
@@ -665,6 +670,8 @@ def _cases(op: str) -> list[tuple[str, float, Body]]:
             _matmul_case(op, 200, ("int4", 300, 256, 32, "random")),  # past 64 tokens: tiled GEMMs
             _matmul_case(op, 6, ("int4", 129, 256, 32, "q4_k")),
             _matmul_case(op, 80, ("int4", 200, 512, 32, "q4_k")),
+            _matmul_case(op, 5, ("int4", 129, 256, 32, "q4_0")),
+            _matmul_case(op, 70, ("int4", 96, 256, 32, "q4_0")),
         ]
     if op == "dense_gemm":
         return [
@@ -722,6 +729,7 @@ def _cases(op: str) -> list[tuple[str, float, Body]]:
             _linear_norm_case(17, ("int4", 96, 128, 32, "rtn"), 1e-5),
             _linear_norm_case(32, ("int4", 200, 256, 128, "random"), 1e-5),  # two 16-token groups on matrix units
             _linear_norm_case(20, ("int4", 129, 256, 32, "q4_k"), 1e-5),
+            _linear_norm_case(1, ("int4", 129, 256, 32, "q4_0"), 1e-5),
             _linear_norm_case(2, ("dense", 129, 96, "float16"), 1e-5),
         ]
     if op == "linear_post_norm_add_rmsnorm":

@@ -219,19 +219,12 @@ def test_gemma3_270m_q4_k_m_keeps_its_weights_and_matches_numpy(registry, gemma_
 
 @pytest.mark.parametrize("backend", ["numpy", "opencl"])
 @pytest.mark.parametrize("tensor_type", ["Q8_0", "Q6_K", "Q5_0", "Q5_1", "Q5_K", "Q4_0", "Q4_1", "Q4_K"])
-def test_each_types_matrices_take_at_most_1_1x_their_bytes_in_the_file(
-    registry, request, tmp_path, backend, tensor_type
-):
+def test_each_types_matrices_take_at_most_1_1x_their_bytes_in_the_file(registry, tmp_path, backend, tensor_type):
     """The models issue's bar, per type and backend, as `perfx bench` reports it (after its runs: the layouts the
     ops made on first use count): the matrices a backend holds are within 10% of their tensor data in the GGUF file
     (NumPy with the numba plugin where it is installed, as the suite runs it)."""
     from perfx_core.bench import run_bench
     from perfx_core.gguf_file import read_gguf
-
-    if backend == "numpy" and tensor_type == "Q4_0":
-        # The numba plugin keeps a float16 bias per 32 next to each scale (0.625 bytes per weight, 1.11x the file's
-        # 0.5625; NumPy alone 1.22x): its kernels read a bias per group. Strict: this fails once that is fixed.
-        request.applymarker(pytest.mark.xfail(strict=True, reason="Q4_0's biases (-8 * scale) are stored on the CPU"))
 
     path = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type=tensor_type, seed=5, **sizes_for(tensor_type)).path
     matrices = sum(t.nbytes for name, t in read_gguf(path).tensors.items() if not name.endswith("norm.weight"))

@@ -5,6 +5,7 @@ At the bottom of the backend's imports: the runtime builds programs from it and 
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 KERNEL_DIR = Path(__file__).parent / "kernels"
@@ -33,3 +34,10 @@ def paths(file: str) -> list[Path]:
 def program_source(file: str) -> str:
     """Kernel file ``file`` behind the shared pieces (text, not #includes: no include path to set)."""
     return "".join(path.read_text() for path in paths(file))
+
+
+@functools.cache
+def mentions(file: str, name: str) -> bool:
+    """Whether ``name`` (a define) appears in the program text of ``kernels/<file>.cl``: where it does not, defining
+    it cannot change the program, so a build without it is the same binary (and cache entry)."""
+    return name in program_source(file)

@@ -142,8 +142,9 @@ class _Int4Layout:
 
     The kernels read the blocks for every n: the GEMV walks them, prefill dequantizes them into W.T for BLAS and
     the embedding lookup gathers rows from them. So the handle's row-major arrays are let go (NumpyWeight.hand_over)
-    and the weight is held in about the file's bytes (GGUF Q4_0/Q4_1: 0.625 bytes per weight, float16 scales and
-    biases; Q4_K 0.58, its own 6-bit sc and m per 32 and float16 d and dmin per 256)."""
+    and the weight is held in about the file's bytes (GGUF Q4_0: 0.5625 bytes per weight, float16 scales and no
+    biases; Q4_1 0.625, float16 scales and biases; Q4_K 0.58, its own 6-bit sc and m per 32 and float16 d and dmin
+    per 256)."""
 
     __slots__ = ("codes", "scales", "biases", "supers", "shape", "group_size")
 

@@ -78,7 +78,8 @@ def int4_block_layout(packed, scale, bias, k_scales=None):
     group g, rows padded with zeros to a whole block. The GEMV kernels walk a byte column of a block with one
     vector across ROWS rows, so the sum over a group needs no horizontal reduction. Scales are the weight's
     float16 bits (as int16, widened by vector conversions); biases too where float16 holds every one of them exactly
-    (GGUF Q4_0 and Q4_1), else float32. ``supers`` is empty then.
+    (GGUF Q4_1), else float32; none where each is -8 times its scale (GGUF Q4_0: an int8 array of no groups marks
+    it, and the kernels compute them). ``supers`` is empty then.
 
     With Q4_K's factors (weights.Int4KScales, a tuple d, dmin, sc, m) the scales and biases are its uint8 sc and m
     per 32 columns and ``supers[b, 2s]``/``supers[b, 2s + 1]`` the float16 bits of d/dmin of its 256 columns s: the
@@ -92,9 +93,12 @@ def int4_block_layout(packed, scale, bias, k_scales=None):
         supers = np.empty((m, 2 * d.shape[1]), np.int16)
         supers[:, 0::2], supers[:, 1::2] = d.view(np.int16), dmin.view(np.int16)
         return tuple(_blocked(a, blocks) for a in (packed, sc, mins, supers))
-    bias16 = bias.astype(np.float16)
-    exact = bool(np.array_equal(bias16.astype(np.float32), bias, equal_nan=True))
-    bias = bias16.view(np.int16) if exact else bias
+    if np.array_equal(bias, -8.0 * scale.astype(np.float32)):
+        bias = np.zeros((m, 0), np.int8)
+    else:
+        bias16 = bias.astype(np.float16)
+        exact = bool(np.array_equal(bias16.astype(np.float32), bias, equal_nan=True))
+        bias = bias16.view(np.int16) if exact else bias
     scale = np.ascontiguousarray(scale).view(np.int16)
     supers = np.zeros((blocks, 0, ROWS), np.int16)
     return (*(_blocked(a, blocks) for a in (packed, scale, bias)), supers)
@@ -123,6 +127,8 @@ def int4_row_major(codes, scales, biases, supers, m):
         d, dmin = (np.ascontiguousarray(factors[:, i::2]).view(np.float16) for i in (0, 1))
         return unblocked(codes), None, None, (d, dmin, unblocked(scales), unblocked(biases))
     scale = unblocked(scales).view(np.float16)
+    if biases.dtype == np.int8:  # Q4_0
+        return unblocked(codes), scale, -8.0 * scale.astype(np.float32), None
     bias = unblocked(biases)
     bias = bias.view(np.float16).astype(np.float32) if bias.dtype == np.int16 else bias
     return unblocked(codes), scale, bias, None
@@ -164,6 +170,15 @@ def _group_values_impl(scales_b, biases_b, supers_b, g, sbuf, bbuf):
             return sbuf, bbuf
 
         return factored
+    if biases_b.dtype == nbtypes.int8:  # Q4_0: no biases stored
+
+        def symmetric(scales_b, biases_b, supers_b, g, sbuf, bbuf):
+            s = _group_row(scales_b, g, sbuf)
+            for t in range(ROWS):
+                bbuf[t] = F32(-8.0) * s[t]
+            return s, bbuf
+
+        return symmetric
     return lambda scales_b, biases_b, supers_b, g, sbuf, bbuf: (
         _group_row(scales_b, g, sbuf),
         _group_row(biases_b, g, bbuf),

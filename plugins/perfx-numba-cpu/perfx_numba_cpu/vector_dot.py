@@ -567,7 +567,8 @@ def scaled_accumulate(rows: int, tile: int):
     acc[j, t] += scale[g, t] * xs[j0 + j, g] * dots[j, t] + bias[g, t] * sums[j0 + j, g], the int4 kernels' epilogue
     of a group for ``tile`` rows of x.
 
-    scales_b (groups, rows) int16: float16 bits; biases_b (groups, rows) the same, or float32; or both uint8, GGUF
+    scales_b (groups, rows) int16: float16 bits; biases_b (groups, rows) the same, or float32, or int8 of no groups
+    (GGUF Q4_0: each bias is -8 times its scale, computed here, not stored); or both uint8, GGUF
     Q4_K's sc and m, with scale = d * sc and bias = -dmin * m for the float16 bits of d and dmin in supers_b
     (2 * groups / 8, rows) int16, rows 2s and 2s + 1 for groups 8s .. 8s + 7 (kernels.int4_block_layout); xs and
     sums (n, groups) float32; dots (tile, rows) int32; acc (tile, rows) float32; all C-contiguous. The float16
@@ -581,7 +582,7 @@ def scaled_accumulate(rows: int, tile: int):
         if not all(isinstance(a, types.Array) and a.ndim == 2 and a.layout == "C" for a in arrays):
             return None
         factored = scales_b.dtype == types.uint8 and biases_b.dtype == types.uint8
-        plain = scales_b.dtype == types.int16 and biases_b.dtype in (types.int16, types.float32)
+        plain = scales_b.dtype == types.int16 and biases_b.dtype in (types.int16, types.float32, types.int8)
         if not (factored or plain) or supers_b.dtype != types.int16:
             return None
         if xs.dtype != types.float32 or sums.dtype != types.float32:
@@ -619,7 +620,10 @@ def scaled_accumulate(rows: int, tile: int):
                 return builder.shuffle_vector(lane0, ir.Constant(floats, ir.Undefined), zeros)
 
             scale = values(s_arr.data, signature.args[0].dtype)
-            bias = values(b_arr.data, signature.args[1].dtype)
+            if signature.args[1].dtype == types.int8:  # Q4_0: -8 * scale, exact
+                bias = builder.fmul(scale, ir.Constant(floats, [-8.0] * rows))
+            else:
+                bias = values(b_arr.data, signature.args[1].dtype)
             if factored:  # d * sc and -(dmin * m): exact in float32 (11-bit times 6-bit significands)
                 per_super = builder.sdiv(
                     builder.mul(builder.extract_value(s_arr.shape, 0), ir.Constant(g.type, 2)),
