@@ -32,10 +32,6 @@ from .flush_policy import FLUSH_EVERY, REPLAY_EARLY_FLUSHES
 from .kernel_source import program_source
 
 log = logging.getLogger("perfx.opencl")
-# Build options added to every program (PERFX_OPENCL_BUILD_OPTIONS, split on spaces). CI's OpenCL step sets
-# -cl-opt-disable: on PoCL, compiling is nearly all of a test's time (a cold conformance run of three int4 and
-# attention ops took 96 s optimized and 18 s not, its cases 12 s of a whole kit run once built).
-EXTRA_BUILD_OPTIONS = tuple(os.environ.get("PERFX_OPENCL_BUILD_OPTIONS", "").split())
 
 
 class KernelBuildError(BackendError):
@@ -709,7 +705,6 @@ class OpenCLRuntime(Runtime):
         if self.variant == "adreno" and kernel_source.mentions(file, "ADRENO"):
             # only where a file reads it: the Adreno variant then shares every other program with the generic one
             options.append("-DADRENO")
-        options.extend(EXTRA_BUILD_OPTIONS)
         if self._nv_membar:
             options.append(f"-DNV_MEMBAR_GL={self._nv_membar}")
         if self.native_int_dot:
