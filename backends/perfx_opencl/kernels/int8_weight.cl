@@ -1,5 +1,6 @@
 // Byte-decoded weights: the forms whose codes the int8 kernels (int8.cl, int8_gemm.cl, int8_mma.cl) read as one
-// signed byte per column, 16 columns (a chunk) at a time. Put before those files (kernel_source.py FILE_PRELUDES).
+// byte per column (the code plus a fixed offset, CODE_OFFSET), 16 columns (a chunk) at a time. Put before those
+// files (kernel_source.py FILE_PRELUDES).
 // One form per build:
 //   int8 (default; perfx_core.weights.Int8Weight: GGUF Q8_0): W[r, c] = code[r, c] * scale[r, c / g].
 //   -DINT6 (perfx_core.split_weights.Int6Weight: GGUF Q6_K): W = (code - 32) * d * sub, codes 0..63, an int8 sub per
