@@ -9,7 +9,6 @@ import contextlib
 import functools
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,6 +28,7 @@ from perfx_core.ops import (
 
 from . import tuning
 from .tuning import ADRENO_GEMV_TUNING, FLAGS, GEMV_TUNING  # the GEMV's default shapes (RW, KS, CR, UC, XS, QX)
+from .weight_handles import CLInt8Weight
 
 # Fused composites, for int4 and byte-decoded weights and the token counts their kernels take (else the generic
 # compositions), and the matmuls of the int8, int5 and int6 weight formats (the runtime lists them in
@@ -607,8 +607,8 @@ def _int8_weight_args(w) -> tuple:
     if w.kind == "int8":
         return w.codes.buffer, w.scale.buffer
     planes = list(w.planes.values())
-    if len(planes) == 3:  # Q5_0: no bias plane
-        planes.append(planes[2])
+    if w.kind == "int5" and not _has_bias(w):  # Q5_0: its scales in the bias's place
+        planes.append(w.planes["scale"])
     return tuple(a for t in planes for a in (t.buffer, t.offset))
 
 
@@ -733,18 +733,6 @@ def int8_gemm(rt, x, w, out):
 int5_gemm = int6_gemm = int8_gemm  # one set of kernels, built per form (_int8_options)
 
 
-@dataclass(frozen=True)
-class _Int8Scratch:
-    """An int6 or Q5_0 weight expanded to the int8 form in scratch buffers: codes (k/16, m, 16), float32 scales per
-    16 columns (k/16, m)."""
-
-    shape: tuple[int, int]
-    codes: Any
-    scale: Any
-    group_size: int = 16
-    kind: str = "int8"
-
-
 def _as_int8(rt, w):
     """``w`` in the int8 form that the matrix-unit kernel takes: itself, or an int6 / Q5_0 weight expanded into
     scratch buffers (int8.cl to_int8). Expanding reads the weight once and writes 1.25 bytes per weight, a small
@@ -754,8 +742,8 @@ def _as_int8(rt, w):
         return w
     m, k = w.shape
     chunks = k // 16
-    view = _Int8Scratch(
-        w.shape, rt.scratch("int8_codes", (chunks, m, 16), np.uint8), rt.scratch("int8_scales", (chunks, m))
+    view = CLInt8Weight(
+        w.shape, 16, rt.scratch("int8_codes", (chunks, m, 16), np.uint8), rt.scratch("int8_scales", (chunks, m))
     )
     kernel = rt.kernel("int8", "to_int8", **_int8_options(w))
     rt.launch(kernel, (m, chunks), None, *_int8_weight_args(w), view.codes.buffer, view.scale.buffer, m)

@@ -30,6 +30,7 @@ from perfx_core.weights import BlockWeight, DenseWeight, Int4KScales, Int4Weight
 from . import kernel_source, native_replay, ops, program_cache, tuner
 from .flush_policy import FLUSH_EVERY, REPLAY_EARLY_FLUSHES
 from .kernel_source import program_source
+from .weight_handles import CLDenseWeight, CLInt4Weight, CLInt8Weight, CLSplitWeight
 
 log = logging.getLogger("perfx.opencl")
 
@@ -137,53 +138,6 @@ class CLTensor:
 
     def __repr__(self) -> str:
         return f"CLTensor(shape={self.shape}, dtype={self.dtype}, offset={self.offset})"
-
-
-@dataclass(eq=False)
-class CLInt4Weight:
-    """An int4 weight as uploaded, chunk-major (kernels/int4.cl): packed (k/32, m, 16) uint8, scale (k/g, m)
-    float16, bias (k/g, m) float32; no bias for a GGUF Q4_0 weight, whose biases are -8 * scale; with
-    ``k_factors`` a GGUF Q4_K's own factors instead: scale (k/32, m) sc | m << 8, bias (k/256, m) the float16 bits
-    d | -dmin << 16 (int4_group.cl)."""
-
-    shape: tuple[int, int]
-    group_size: int
-    packed: CLTensor
-    scale: CLTensor
-    bias: CLTensor | None
-    k_factors: bool = False
-    kind: str = "int4"
-
-
-@dataclass(eq=False)
-class CLInt8Weight:
-    """An int8 weight as uploaded, chunk-major (kernels/int8_weight.cl): codes (k/16, m, 16) int8, scale (k/g, m)
-    float16 or float32, as the host weight has it (GGUF Q6_K's scales are exact only in float32)."""
-
-    shape: tuple[int, int]
-    group_size: int
-    codes: CLTensor
-    scale: CLTensor
-    kind: str = "int8"
-
-
-@dataclass(eq=False)
-class CLSplitWeight:
-    """A GGUF 5- or 6-bit weight as uploaded (kernels/int8_weight.cl's int6 and int5 forms): its planes by name,
-    chunk-major. int6: lo, hi, sub, d; int5: lo, hi, scale and bias (none for a Q5_0 weight: -16 * scale)."""
-
-    shape: tuple[int, int]
-    kind: str  # "int5" or "int6"
-    planes: dict[str, CLTensor]
-
-    group_size = 32  # the int5 form's groups (int6's sub-scales are per 16 columns, fixed in the kernels)
-
-
-@dataclass(eq=False)
-class CLDenseWeight:
-    shape: tuple[int, int]
-    data: CLTensor  # float32 or float16 (m, k)
-    kind: str = "dense"
 
 
 @dataclass(eq=False)

@@ -1,8 +1,9 @@
 // GEMV of a byte-decoded weight (int8, int6 or int5: int8_weight.cl): out (n, cols) = x (n, k) @ W.T for n <= NT
-// tokens, each weight byte read once per pass, and the embedding gather of such a table. The same scheme as int4.cl's int4_gemv: RW row lanes x KS
-// k-splits per work-group, one output column per lane, UC chunks loaded together; with -DSILU, W = [W_gate; W_up]
-// (2 cols, k) and out = silu(x @ W_gate.T) * (x @ W_up.T) (gelu_tanh with -DGELU as well); with -DADD_NORM the add + RMSNorm tail
-// (add_norm_tail.cl). Global size (ceil(cols / RW) * RW, KS), local (RW, KS).
+// tokens, each weight byte read once per pass, and the embedding gather of such a table. The same scheme as int4.cl's
+// int4_gemv: RW row lanes x KS k-splits per work-group, one output column per lane, UC chunks loaded together; with
+// -DSILU, W = [W_gate; W_up] (2 cols, k) and out = silu(x @ W_gate.T) * (x @ W_up.T) (gelu_tanh with -DGELU as
+// well); with -DADD_NORM the add + RMSNorm tail (add_norm_tail.cl). Global size (ceil(cols / RW) * RW, KS), local
+// (RW, KS).
 
 #ifndef NT
 #define NT 1

@@ -27,8 +27,8 @@ __kernel __attribute__((reqd_work_group_size(16, 16, 1))) void int8_gemm(
             const int r = tid % TN, part = tid / TN, c = (k0 >> 4) + part, row = row0 + r;
             float4 wv[4] = {(float4)(0.0f), (float4)(0.0f), (float4)(0.0f), (float4)(0.0f)};
             if (row < m && c < chunks)
-                dequantize_chunk8(chunk_words(BYTE_WEIGHT, c, row, m), chunk_factors(BYTE_WEIGHT, c, row, m, group_shift),
-                                  wv);
+                dequantize_chunk8(chunk_words(BYTE_WEIGHT, c, row, m),
+                                  chunk_factors(BYTE_WEIGHT, c, row, m, group_shift), wv);
             const int kk = 16 * part;
 #pragma unroll
             for (int j = 0; j < 4; ++j) {

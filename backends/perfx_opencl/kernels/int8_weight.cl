@@ -36,14 +36,16 @@
         __global const ushort *dd, int dd_off
 #define BYTE_WEIGHT_AT lo += lo_off, hi += hi_off, sub += sub_off, dd += dd_off
 #define BYTE_WEIGHT lo, hi, sub, dd
-#define BYTE_WEIGHT_DECL __global const uint *lo, __global const uint *hi, __global const char *sub, __global const ushort *dd
+#define BYTE_WEIGHT_DECL \
+    __global const uint *lo, __global const uint *hi, __global const char *sub, __global const ushort *dd
 #elif defined(INT5)
 #define BYTE_WEIGHT_PARAMS                                                                                 \
     __global const uint *lo, int lo_off, __global const uint *hi, int hi_off, __global const ushort *scale,   \
         int scale_off, __global const ushort *bias, int bias_off
 #define BYTE_WEIGHT_AT lo += lo_off, hi += hi_off, scale += scale_off, bias += bias_off
 #define BYTE_WEIGHT lo, hi, scale, bias
-#define BYTE_WEIGHT_DECL __global const uint *lo, __global const uint *hi, __global const ushort *scale, __global const ushort *bias
+#define BYTE_WEIGHT_DECL \
+    __global const uint *lo, __global const uint *hi, __global const ushort *scale, __global const ushort *bias
 #else
 #define BYTE_WEIGHT_PARAMS __global const uint *codes, __global const SCALE_T *scale
 #define BYTE_WEIGHT_AT (void)0

@@ -3,15 +3,15 @@
 // host uploads its arrays as they are. Each output is a (buffer, offset in uints) pair. Global size (rows, k / 16):
 // one work-item per 16-column chunk of a row.
 
-// Bytes b0..b3 as a little-endian word.
-inline uint word_of(uint b0, uint b1, uint b2, uint b3) { return b0 | (b1 << 8) | (b2 << 16) | (b3 << 24); }
-
 // lo: byte i of word 0 holds columns i (low nibble) and 4 + i, of word 1 columns 8 + i and 12 + i; nib[j] is the
 // chunk's column j.
 inline uint2 nibble_words(const uchar* nib) {
-    return (uint2)(word_of(nib[0] | (nib[4] << 4), nib[1] | (nib[5] << 4), nib[2] | (nib[6] << 4), nib[3] | (nib[7] << 4)),
-                   word_of(nib[8] | (nib[12] << 4), nib[9] | (nib[13] << 4), nib[10] | (nib[14] << 4),
-                           nib[11] | (nib[15] << 4)));
+    uint2 words = (uint2)(0u);
+    for (int i = 0; i < 4; ++i) {
+        words.x |= (uint)(nib[i] | (nib[4 + i] << 4)) << (8 * i);
+        words.y |= (uint)(nib[8 + i] | (nib[12 + i] << 4)) << (8 * i);
+    }
+    return words;
 }
 
 // int6 (GGUF Q6_K): per 128 columns, ql's 64 bytes (byte j: column j low nibble, j + 64 high) and qh's 32 (byte j:
@@ -19,7 +19,8 @@ inline uint2 nibble_words(const uchar* nib) {
 __kernel void int6_to_chunks(__global const uchar* ql, __global const uchar* qh, __global uint* lo, int lo_off,
                              __global uint* hi, int hi_off, int rows, int chunks) {
     const int r = get_global_id(0), c = get_global_id(1);
-    const size_t nibbles_at = (size_t)r * chunks * 8 + (c >> 3) * 64, crumbs_at = (size_t)r * chunks * 4 + (c >> 3) * 32;
+    const size_t nibbles_at = (size_t)r * chunks * 8 + (c >> 3) * 64;
+    const size_t crumbs_at = (size_t)r * chunks * 4 + (c >> 3) * 32;
     uchar nib[16], crumb[16];
     for (int i = 0; i < 16; ++i) {
         const int j = (c & 7) * 16 + i;  // the column within its 128
@@ -28,9 +29,10 @@ __kernel void int6_to_chunks(__global const uchar* ql, __global const uchar* qh,
     }
     const size_t at = (size_t)c * rows + r;
     vstore2(nibble_words(nib), 0, lo + lo_off + 2 * at);
-    uchar bytes[4];
-    for (int i = 0; i < 4; ++i) bytes[i] = crumb[i] | (crumb[4 + i] << 2) | (crumb[8 + i] << 4) | (crumb[12 + i] << 6);
-    hi[hi_off + at] = word_of(bytes[0], bytes[1], bytes[2], bytes[3]);
+    uint word = 0;
+    for (int i = 0; i < 4; ++i)
+        word |= (uint)(crumb[i] | (crumb[4 + i] << 2) | (crumb[8 + i] << 4) | (crumb[12 + i] << 6)) << (8 * i);
+    hi[hi_off + at] = word;
 }
 
 // int5 (GGUF Q5_0 / Q5_1 / Q5_K): per 32 columns, 16 bytes of low nibbles (byte j: column j low, j + 16 high) and a
