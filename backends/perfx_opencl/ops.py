@@ -27,8 +27,8 @@ from perfx_core.ops import (
 )
 
 from . import tuning
+from .device_handles import CLInt8Weight
 from .tuning import ADRENO_GEMV_TUNING, FLAGS, GEMV_TUNING  # the GEMV's default shapes (RW, KS, CR, UC, XS, QX)
-from .weight_handles import CLInt8Weight
 
 # Fused composites, for int4 and byte-decoded weights and the token counts their kernels take (else the generic
 # compositions), and the matmuls of the int8, int5 and int6 weight formats (the runtime lists them in

@@ -28,9 +28,9 @@ from perfx_core.split_weights import Int5Weight, Int6Weight
 from perfx_core.weights import BlockWeight, DenseWeight, Int4KScales, Int4Weight, Int8Weight, Weight
 
 from . import kernel_source, native_replay, ops, program_cache, tuner
+from .device_handles import Allocation, CLDenseWeight, CLInt4Weight, CLInt8Weight, CLSplitWeight, CLTensor
 from .flush_policy import FLUSH_EVERY, REPLAY_EARLY_FLUSHES
 from .kernel_source import program_source
-from .weight_handles import CLDenseWeight, CLInt4Weight, CLInt8Weight, CLSplitWeight
 
 log = logging.getLogger("perfx.opencl")
 
@@ -108,38 +108,6 @@ def device_state(index: int, platform: Any, device: Any) -> _DeviceState:
 # -- tensors and weights ---------------------------------------------------------------------------------
 
 
-class _Allocation:
-    """One device buffer; its bytes count in the runtime's allocated_bytes until it is garbage collected."""
-
-    def __init__(self, buffer: Any, nbytes: int):
-        self.buffer = buffer
-        self.nbytes = nbytes
-        self.image: Any = None  # an image1d_buffer over the buffer, made on demand (Adreno GEMV)
-
-
-class CLTensor:
-    """A contiguous row-major tensor ``offset`` elements into an allocation."""
-
-    __slots__ = ("alloc", "offset", "shape", "dtype")
-
-    def __init__(self, alloc: _Allocation, offset: int, shape: tuple[int, ...], dtype: np.dtype):
-        self.alloc = alloc
-        self.offset = offset
-        self.shape = tuple(int(s) for s in shape)
-        self.dtype = dtype
-
-    @property
-    def buffer(self) -> Any:
-        return self.alloc.buffer
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    def __repr__(self) -> str:
-        return f"CLTensor(shape={self.shape}, dtype={self.dtype}, offset={self.offset})"
-
-
 @dataclass(eq=False)
 class CLKVCache:
     spec: KVCacheSpec
@@ -155,13 +123,13 @@ class _Capture:
 
     def __init__(self, inputs: frozenset[str]):
         self.inputs = inputs
-        self.uploads: dict[str, tuple[_Allocation, int]] = {}
+        self.uploads: dict[str, tuple[Allocation, int]] = {}
         self.values: dict[str, np.ndarray] = {}
         self.launches: list[tuple[Any, tuple[int, ...], tuple[int, ...] | None, str]] = []
         self.keep: list[tuple[Any, ...]] = []  # every launch's arguments (buffers), alive as long as the graph
         self.broken = ""  # why the recording cannot be replayed
 
-    def upload(self, key: str, alloc: _Allocation, host: np.ndarray) -> None:
+    def upload(self, key: str, alloc: Allocation, host: np.ndarray) -> None:
         if key in self.values and not np.array_equal(self.values[key], host):
             self.broken = f"two different uploads of {key} in one step"
         self.uploads.setdefault(key, (alloc, host.size))
@@ -170,7 +138,7 @@ class _Capture:
 
 @dataclass(frozen=True)
 class _Graph:
-    uploads: tuple[tuple[str, tuple[_Allocation, int]], ...]  # key, (buffer, number of values)
+    uploads: tuple[tuple[str, tuple[Allocation, int]], ...]  # key, (buffer, number of values)
     launches: tuple[tuple[Any, tuple[int, ...], tuple[int, ...] | None, str], ...]  # kernel, sizes, name
     # The launches' arguments: pyopencl's set_args does not keep buffers alive, and a scratch buffer that has
     # since grown (or a launch evicted from the cache) must not be freed while the graph can replay it.
@@ -270,7 +238,7 @@ class OpenCLRuntime(Runtime):
         # The Adreno GEMV reads activations through the texture cache when the device has images.
         self.use_images = variant == "adreno" and bool(device.image_support)
         self._image_max_texels = int(device.image_max_buffer_size) if self.use_images else 0
-        self._index_buffers: dict[str, tuple[_Allocation, np.ndarray]] = {}  # device buffer, last values sent
+        self._index_buffers: dict[str, tuple[Allocation, np.ndarray]] = {}  # device buffer, last values sent
         self._zeroed: dict[str, CLTensor] = {}  # see zeroed_ints
         self._arenas: list[list[Any]] = []  # weights' shared buffers: [weak reference, bytes used, capacity]
         self._capture: _Capture | None = None  # see begin_capture
@@ -320,7 +288,7 @@ class OpenCLRuntime(Runtime):
                 replaying.join()  # raises BackendError if the driver refused a launch
 
     # -- memory ----------------------------------------------------------------------------------------
-    def _allocate(self, nbytes: int, hostbuf: np.ndarray | None = None) -> _Allocation:
+    def _allocate(self, nbytes: int, hostbuf: np.ndarray | None = None) -> Allocation:
         cl = self.cl
         flags = cl.mem_flags.READ_WRITE
         if hostbuf is not None and self._capture is not None:
@@ -330,7 +298,7 @@ class OpenCLRuntime(Runtime):
                 buffer = cl.Buffer(self.context, flags | cl.mem_flags.COPY_HOST_PTR, hostbuf=hostbuf)
             else:
                 buffer = cl.Buffer(self.context, flags, max(nbytes, 4))  # OpenCL has no empty buffers
-        alloc = _Allocation(buffer, nbytes)
+        alloc = Allocation(buffer, nbytes)
         self.count_allocation(alloc, nbytes)
         return alloc
 
@@ -457,7 +425,7 @@ class OpenCLRuntime(Runtime):
         align = max(256, int(self.cl_device.mem_base_addr_align) // 8)
         cap = min(_ARENA_MAX, int(self.cl_device.max_mem_alloc_size))
         sizes = [math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in parts]
-        where: list[tuple[_Allocation, int] | None] = [None] * len(parts)
+        where: list[tuple[Allocation, int] | None] = [None] * len(parts)
         for i, nbytes in enumerate(sizes):
             for arena in self._arenas:
                 alloc = arena[0]()

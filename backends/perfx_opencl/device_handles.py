@@ -1,14 +1,47 @@
-"""The device handles of prepared weights: what the runtime uploads (runtime.py prepare_weights) and the ops'
-kernels take. Each carries ``kind`` (perfx_core.ops.weight_kind) and ``shape``.
+"""The device handles the runtime hands out and the ops' kernels take: tensors (views into device buffers) and
+prepared weights (runtime.py prepare_weights), each weight carrying ``kind`` (perfx_core.ops.weight_kind) and
+``shape``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from .runtime import CLTensor
+import numpy as np
+
+
+class Allocation:
+    """One device buffer; its bytes count in the runtime's allocated_bytes until it is garbage collected."""
+
+    def __init__(self, buffer: Any, nbytes: int):
+        self.buffer = buffer
+        self.nbytes = nbytes
+        self.image: Any = None  # an image1d_buffer over the buffer, made on demand (Adreno GEMV)
+
+
+class CLTensor:
+    """A contiguous row-major tensor ``offset`` elements into an allocation."""
+
+    __slots__ = ("alloc", "offset", "shape", "dtype")
+
+    def __init__(self, alloc: Allocation, offset: int, shape: tuple[int, ...], dtype: np.dtype):
+        self.alloc = alloc
+        self.offset = offset
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = dtype
+
+    @property
+    def buffer(self) -> Any:
+        return self.alloc.buffer
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def __repr__(self) -> str:
+        return f"CLTensor(shape={self.shape}, dtype={self.dtype}, offset={self.offset})"
 
 
 @dataclass(eq=False)
