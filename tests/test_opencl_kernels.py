@@ -37,6 +37,37 @@ def test_bad_kernel_shape_override_is_a_clear_error(registry, monkeypatch, varia
         getattr(ops, parse).cache_clear()
 
 
+def test_gemv_norm_tails_conform_where_forced_on_pocl(registry, monkeypatch):
+    """The GEMV kernels that finish linear_add_rmsnorm themselves (add_norm_tail.cl), off by default on PoCL
+    (rt.norm_tails: their first launches cost PoCL 12-63 s of code generation each), forced on: one launch per
+    call, twice in a row (the tail's counters are back at zero after a launch), and the kit's int4 cases of each
+    tail (one token and several, the post-norm) conform; tests/test_opencl_int8.py forces the int8 ones."""
+    from perfx_core import conformance
+
+    rt = registry.open_runtime("opencl")
+    try:
+        assert rt.fused_tails and not rt.norm_tails  # PoCL's default
+    finally:
+        rt.close()
+    monkeypatch.setenv("PERFX_OPENCL_FUSED_TAILS", "1")
+    rt = registry.open_runtime("opencl")
+    try:
+        assert rt.norm_tails
+        for op, n, desc, post in [
+            ("linear_add_rmsnorm", 1, ("int4", 129, 128, 32, "rtn"), False),
+            ("linear_add_rmsnorm", 3, ("int4", 4097, 64, 64, "random"), False),
+            ("linear_post_norm_add_rmsnorm", 1, ("int4", 640, 128, 32, "rtn"), True),
+        ]:
+            case = conformance._linear_norm_case(n, desc, 1e-5, post)
+            for seed in (0, 1):
+                before = rt.launch_count
+                result = conformance._run_case(rt, op, *case, seed=seed)
+                assert result.passed, result
+                assert rt.launch_count - before == 1
+    finally:
+        rt.close()
+
+
 def test_without_fused_tails_the_ops_use_separate_launches(registry, monkeypatch):
     """Devices where the last-work-group kernels are not known to be safe run add+RMSNorm and the attention
     merge as launches of their own; the results are the same (the conformance kit)."""
@@ -213,6 +244,7 @@ def test_linear_add_rmsnorm_on_matrix_units_is_one_launch(registry, monkeypatch,
     from perfx_core import reference
     from perfx_core.synthetic import random_int4
 
+    monkeypatch.setenv("PERFX_OPENCL_FUSED_TAILS", "1")  # the norm tails are off on PoCL by default (rt.norm_tails)
     rng = np.random.default_rng(n)
     m, k, eps = 72, 256, 1e-5  # 72 rows: a partial row tile
     weight = random_int4(m, k, 32, rng)

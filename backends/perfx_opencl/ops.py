@@ -793,7 +793,7 @@ def _linear_norm_tail(rt, x, w, residual, weight, eps, out, post_weight=None) ->
         fused = n <= MMA_ADD_NORM_N and _norm_finishers_cap() != 0
     else:
         fused = n <= SMALL_N
-    if w.kind not in GEMV_KINDS or not rt.fused_tails or not fused:
+    if w.kind not in GEMV_KINDS or not rt.norm_tails or not fused:
         return False
     delta = rt.scratch("linear_add_rmsnorm", out.shape)
     epilogue = (residual, weight, out, float(eps), rt.zeroed_ints("add_norm_counter", 2))

@@ -700,8 +700,19 @@ class OpenCLRuntime(Runtime):
         forced = os.environ.get("PERFX_OPENCL_FUSED_TAILS")
         if forced in ("0", "1"):
             return forced == "1"
-        pocl_cpu = "portable computing language" in self.cl_device.platform.name.lower() and self.device.kind == "cpu"
-        return bool(self._nv_membar) or pocl_cpu
+        return bool(self._nv_membar) or self._pocl_cpu
+
+    @functools.cached_property
+    def norm_tails(self) -> bool:
+        """Whether the matmul kernels finish linear_add_rmsnorm themselves (add_norm_tail.cl), where fused tails
+        may run. Not by default on PoCL: it generates each such kernel's code at its first launch in 12-63 s on
+        a 2-core x86 machine (a GEMV with the tail, per token count and weight form), against ~1 s without,
+        to save a launch that costs a CPU microseconds. PERFX_OPENCL_FUSED_TAILS=1 turns them on there too."""
+        return self.fused_tails and (os.environ.get("PERFX_OPENCL_FUSED_TAILS") == "1" or not self._pocl_cpu)
+
+    @functools.cached_property
+    def _pocl_cpu(self) -> bool:
+        return "portable computing language" in self.cl_device.platform.name.lower() and self.device.kind == "cpu"
 
     @functools.cached_property
     def concurrent_groups(self) -> bool:
