@@ -384,7 +384,9 @@ def test_decode_attention_conforms_however_the_context_is_split(
 ):
     """The fused decode kernel cuts each row's context into runs sized by depth and device (ops._decode_plan):
     many short runs (empty trailing ones included, merged by the last work-group), one per MAX_SPLIT, or runs
-    so short that the merge takes the splits in several slices of MAX_SPLIT."""
+    so short that the merge takes the splits in several slices of MAX_SPLIT. That last one on attention_decode
+    only: the mixed kernel's decode rows merge with the same code (merge_splits), and its variants with tiny
+    score buffers cost PoCL ~160 s of code generation."""
     from perfx_opencl import ops
 
     plans = []
@@ -399,7 +401,7 @@ def test_decode_attention_conforms_however_the_context_is_split(
     monkeypatch.setattr(ops, "DECODE_SCORE_BYTES", score_bytes)
     monkeypatch.setattr(ops, "MIXED_DECODE_SCORE_BYTES", min(score_bytes, ops.MIXED_DECODE_SCORE_BYTES))
     monkeypatch.setattr(ops, "_decode_plan", plan)
-    assert_backend_conforms("opencl", ops=["attention_decode", "attention_mixed"])
+    assert_backend_conforms("opencl", ops=["attention_decode"] + (["attention_mixed"] if score_bytes >= 1024 else []))
     splits = [p[0] for p in plans if p is not None]
     assert max(splits) > (8 if part == 16 else 1) and min(splits) == 1
     if score_bytes < 1024:
