@@ -105,7 +105,7 @@ def device_state(index: int, platform: Any, device: Any) -> _DeviceState:
     return _device_states[key]
 
 
-# -- tensors and weights ---------------------------------------------------------------------------------
+# -- the KV cache ----------------------------------------------------------------------------------------
 
 
 @dataclass(eq=False)
@@ -697,9 +697,8 @@ class OpenCLRuntime(Runtime):
         one-launch decode attention's merge) may run here. They need the other work-groups' writes visible
         device-wide, which OpenCL 1.2 does not promise: allowed on NVIDIA (membar.gl) and PoCL on a CPU
         (coherent threads); elsewhere the ops use separate launches. PERFX_OPENCL_FUSED_TAILS=0/1 overrides."""
-        forced = os.environ.get("PERFX_OPENCL_FUSED_TAILS")
-        if forced in ("0", "1"):
-            return forced == "1"
+        if self._forced_tails is not None:
+            return self._forced_tails
         return bool(self._nv_membar) or self._pocl_cpu
 
     @functools.cached_property
@@ -708,7 +707,15 @@ class OpenCLRuntime(Runtime):
         may run. Not by default on PoCL: it generates each such kernel's code at its first launch in 12-63 s on
         a 2-core x86 machine (a GEMV with the tail, per token count and weight form), against ~1 s without,
         to save a launch that costs a CPU microseconds. PERFX_OPENCL_FUSED_TAILS=1 turns them on there too."""
-        return self.fused_tails and (os.environ.get("PERFX_OPENCL_FUSED_TAILS") == "1" or not self._pocl_cpu)
+        if self._forced_tails is not None:
+            return self._forced_tails
+        return self.fused_tails and not self._pocl_cpu
+
+    @functools.cached_property
+    def _forced_tails(self) -> bool | None:
+        """PERFX_OPENCL_FUSED_TAILS=0/1: every tail off / on; None where unset (the device decides)."""
+        forced = os.environ.get("PERFX_OPENCL_FUSED_TAILS")
+        return forced == "1" if forced in ("0", "1") else None
 
     @functools.cached_property
     def _pocl_cpu(self) -> bool:
