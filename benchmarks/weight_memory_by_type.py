@@ -5,8 +5,8 @@ figure `perfx bench` reports (weight_bytes), which tests/test_opencl_int8.py bou
     python benchmarks/weight_memory_by_type.py                    # numpy (with installed plugins) and opencl
     python benchmarks/weight_memory_by_type.py --backends numpy --types Q4_K,Q6_K
 
-Each file is the tests' tiny Llama (tests/tiny_gguf.py) with every matrix of one type. The NumPy backend makes
-its plugin's layouts on first use, so it is measured after a short bench run; OpenCL places every weight at load.
+Each file is the tests' tiny Llama (tests/tiny_gguf.py) with every matrix of one type, measured as the test does
+(perfx_core.bench.held_weight_bytes).
 """
 
 from __future__ import annotations
@@ -21,21 +21,10 @@ sys.path.insert(0, str(ROOT / "tests"))  # the tests' file writer, so both measu
 
 from tiny_gguf import sizes_for, write_tiny_llama_gguf  # noqa: E402
 
-import perfx_core  # noqa: E402
-from perfx_core.bench import run_bench, weight_bytes  # noqa: E402
+from perfx_core.bench import held_weight_bytes  # noqa: E402
 from perfx_core.gguf_file import read_gguf  # noqa: E402
 
 TYPES = ("Q8_0", "Q6_K", "Q5_0", "Q5_1", "Q5_K", "Q4_0", "Q4_1", "Q4_K")
-
-
-def held_bytes(path: Path, backend: str) -> dict:
-    if backend == "numpy":
-        return run_bench(str(path), backend=backend, prompt_tokens=8, gen_tokens=2, repeat=1)["weight_bytes"]
-    model = perfx_core.load(path, backend=backend, context_length=64)
-    try:
-        return weight_bytes(model.engine)
-    finally:
-        model.close()
 
 
 def main() -> None:
@@ -56,7 +45,7 @@ def main() -> None:
             weights = sum(t.n_elements for t in tensors.values())
             cells = []
             for backend in backends:
-                held = sum(kind["bytes"] for kind in held_bytes(path, backend).values())
+                held = sum(kind["bytes"] for kind in held_weight_bytes(str(path), backend).values())
                 cells.append(f"{held / weights:.4f} ({held / file_bytes:.2f}x)")
             print(f"| {tensor_type} | {file_bytes / weights:.4f} | " + " | ".join(cells) + " |", flush=True)
 

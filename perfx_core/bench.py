@@ -77,6 +77,21 @@ def weight_bytes(engine) -> dict[str, dict[str, float]] | None:
     return report
 
 
+def held_weight_bytes(model_path: str, backend: str) -> dict[str, dict[str, float]] | None:
+    """weight_bytes of ``model_path`` on ``backend`` once every layout exists. The NumPy backend's ops (the numba
+    plugin's) make theirs on first use, so it is measured after a short run; the others place every weight at
+    load, and are measured without running (on PoCL a run would first compile every kernel)."""
+    if backend == "numpy":
+        return run_bench(model_path, backend=backend, prompt_tokens=8, gen_tokens=2, repeat=1)["weight_bytes"]
+    from .api import load
+
+    model = load(model_path, backend=backend, context_length=64)
+    try:
+        return weight_bytes(model.engine)
+    finally:
+        model.close()
+
+
 def run_bench(
     model_path: str | None = None,
     backend: str = "numpy",

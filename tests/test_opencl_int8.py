@@ -228,19 +228,11 @@ def test_each_types_matrices_take_at_most_1_1x_their_bytes_in_the_file(registry,
     a backend holds are within 10% of their tensor data in the GGUF file. On NumPy (with the numba plugin where it
     is installed, as the suite runs it) after a bench run, since its layouts are made on first use; OpenCL places
     every weight at load."""
-    from perfx_core.bench import run_bench
-    from perfx_core.bench import weight_bytes as bench_weight_bytes
+    from perfx_core.bench import held_weight_bytes
     from perfx_core.gguf_file import read_gguf
 
     path = write_tiny_llama_gguf(tmp_path / "m.gguf", tensor_type=tensor_type, seed=5, **sizes_for(tensor_type)).path
     matrices = sum(t.nbytes for name, t in read_gguf(path).tensors.items() if not name.endswith("norm.weight"))
-    if backend == "numpy":
-        report = run_bench(str(path), backend=backend, prompt_tokens=8, gen_tokens=2, repeat=1)["weight_bytes"]
-    else:
-        model = perfx_core.load(path, backend=backend, context_length=64)
-        try:
-            report = bench_weight_bytes(model.engine)
-        finally:
-            model.close()
+    report = held_weight_bytes(str(path), backend)
     held = sum(kind["bytes"] for kind in report.values())
     assert held <= 1.1 * matrices, (held / matrices, report)
