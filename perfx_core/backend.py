@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +65,9 @@ class Runtime(ABC):
     # any other format to one it takes or widens them (weights.for_runtime), and drops a format here whose ops no
     # plugin provides for the backend (plugins.Registry.open_runtime).
     weight_formats: frozenset[str] = frozenset()
+    # Whether ``replay`` takes a device int32 tensor (the previous step's picks) for an index input: the next
+    # step's ids then never cross to the host and back.
+    device_index_inputs: bool = False
 
     # -- memory ----------------------------------------------------------------------------------------
     @abstractmethod
@@ -78,6 +81,12 @@ class Runtime(ABC):
     @abstractmethod
     def to_numpy(self, tensor: Any) -> np.ndarray:
         """A host copy of ``tensor``; waits for pending work on it."""
+
+    def read_later(self, tensor: Any) -> Callable[[], np.ndarray]:
+        """Queue a host copy of ``tensor`` in order with the device work queued so far (later work may then
+        overwrite it) and return what waits for that copy. Synchronous runtimes copy now."""
+        values = self.to_numpy(tensor)
+        return lambda: values
 
     def write(self, tensor: Any, array: np.ndarray) -> None:
         """Overwrite ``tensor`` with ``array`` (same number of elements). Optional: used by the generic

@@ -31,10 +31,15 @@ def _timed_run(engine, prompt: list[int], gen_tokens: int, profile: bool) -> dic
         ops.start_profiling()
     try:
         decode_start = time.perf_counter()
-        position = len(prompt)
-        for _ in range(gen_tokens - 1):
-            token = int(np.argmax(engine.decode([token], [0], [position])[0]))
-            position += 1
+        # Greedy decode as `perfx run` does it: the argmax picked by the engine (on the device where it can),
+        # each step queued before the previous one's token is read and fed from its pick.
+        steps = gen_tokens - 1
+        ahead = engine.queue_decode([token], [0], [len(prompt)], argmax=True) if steps > 0 else None
+        for i in range(steps):
+            step = ahead
+            if i + 1 < steps:
+                ahead = engine.queue_decode(step, [0], [len(prompt) + i + 1], argmax=True)
+            token = int(step.result()[0])
         engine.rt.synchronize()
         decode_s = time.perf_counter() - decode_start
     finally:

@@ -254,7 +254,7 @@ class Generation:
             # device when the backend can; the draw is the same on the host, see sampling.engine_draw).
             # A grammar masks the logits on the host (structured output): the engine returns them.
             params, constrained = self.sampler.params, self.sampler.constrained
-            device_argmax, picked = params.plain_argmax and not constrained, None
+            device_argmax, picked, ahead = params.plain_argmax and not constrained, None, None
             device_sample = not params.greedy and params.engine_sampleable and not constrained
             while True:
                 if picked is not None:
@@ -282,11 +282,16 @@ class Generation:
                 if reason is not None:
                     stats.finish_reason = reason
                     break
-                if device_argmax:
-                    picked = int(model.decode([token], [self.slot], [position], argmax=True)[0])
-                elif device_sample:
-                    rows = self.sampler.engine_row()[None, :]
-                    picked = int(model.decode([token], [self.slot], [position], sampling=rows)[0])
+                if device_argmax or device_sample:
+                    step = ahead or model.queue_decode([token], [self.slot], [position], **self._device_pick())
+                    # On a device with its own queue the step after it goes in before this one's token is read,
+                    # fed from its pick on the device: the device runs on while the host reads, checks and streams
+                    # the token. Not where that token is sure to be the last; a step wasted after an end token
+                    # only writes the cache past the sequence.
+                    ahead = None
+                    if model.rt.device_index_inputs and len(self.token_ids) + 1 < self.max_tokens:
+                        ahead = model.queue_decode(step, [self.slot], [position + 1], **self._device_pick())
+                    picked = int(step.result()[0])
                 else:
                     logits = model.decode([token], [self.slot], [position])[0]
                 position += 1
@@ -300,6 +305,12 @@ class Generation:
         finally:
             self._finish_stats(ops)
             self._end()
+
+    def _device_pick(self) -> dict:
+        """How the engine picks a step's token on the device: argmax, or a draw with the next step's row."""
+        if self.sampler.params.plain_argmax:
+            return {"argmax": True}
+        return {"sampling": self.sampler.engine_row()[None, :]}
 
     def _finish_stats(self, ops) -> None:
         stats = self.stats

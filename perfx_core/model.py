@@ -54,17 +54,40 @@ MIXED_PROMPT_ROWS = 64
 
 
 class QueuedRows:
-    """A decode step queued on the device (LlamaModel.queue_decode); ``result()`` waits for its rows."""
+    """A decode step queued on the device (LlamaModel.queue_decode); ``result()`` waits for its rows.
 
-    def __init__(self, read: Callable[[], np.ndarray]):
+    ``picks``: where the step picks its tokens on the device (argmax, sample), the (B,) int32 device ids, until
+    a later step reuses that buffer; ``queue_decode`` takes such a step as its ``tokens`` and feeds them to the
+    next step on the device, without a round trip through the host."""
+
+    def __init__(
+        self,
+        read: Callable[[], np.ndarray],
+        read_later: Callable[[], Callable[[], np.ndarray]] | None = None,
+        picks: Any = None,
+    ):
         self._read: Callable[[], np.ndarray] | None = read
+        self._read_later = read_later
         self._rows: np.ndarray | None = None
+        self.picks = picks
+        self.rows = None if picks is None else int(picks.shape[0])
 
     def result(self) -> np.ndarray:
         if self._read is not None:  # read once: the buffers are reused by later steps
             read, self._read = self._read, None  # a failed read is not retried by the next step
             self._rows = read()
         return self._rows
+
+    def detach(self) -> None:
+        """Before a later step reuses this one's buffers: queue the read of its rows ahead of that step (on an
+        in-order device queue, without waiting for it), else read them now."""
+        self.picks = None
+        if self._read is None:
+            return
+        if self._read_later is None:
+            self.result()
+        else:
+            self._read = self._read_later()
 
 
 class LlamaModel:
@@ -397,7 +420,7 @@ class LlamaModel:
 
     def queue_decode(
         self,
-        tokens: Sequence[int],
+        tokens: Sequence[int] | QueuedRows,
         slots: Sequence[int],
         positions: Sequence[int],
         *,
@@ -417,8 +440,15 @@ class LlamaModel:
         ``prompt`` = (ids, slot, start) also runs that chunk of a prompt into another slot in the same forward
         pass (a mixed step: the sequences decoding wait for one pass instead of a prefill and then a decode,
         and the weights are read once for both). One more row then comes back, last: the chunk's last token,
-        picked like the others (``sampling`` has B + 1 rows)."""
-        ids = self._check_ids(tokens)
+        picked like the others (``sampling`` has B + 1 rows).
+
+        ``tokens`` may be the previous step's QueuedRows (one pick per sequence): its ids then go to this step
+        on the device where the runtime can (a replayed step, ``Runtime.device_index_inputs``), so the device
+        never waits for the host to read a token; else they are read first."""
+        fed = tokens if isinstance(tokens, QueuedRows) else None
+        if fed is not None and (fed.picks is None or prompt is not None):
+            tokens, fed = fed.result(), None
+        ids = self._check_ids(tokens) if fed is None else np.zeros(fed.rows, np.int32)  # fed: set below
         slots_arr = np.asarray(slots, dtype=np.int32)
         pos_arr = np.asarray(positions, dtype=np.int32)
         if not (len(ids) == len(slots_arr) == len(pos_arr)) or not 1 <= len(ids) <= self.n_slots:
@@ -498,14 +528,19 @@ class LlamaModel:
         key = None if signature is None else (shape, signature, pick if on_device else None)
         if on_device and pick == "sample":
             inputs["sampling"] = sampling
+        if fed is not None:
+            if fed is self._unread and rt.device_index_inputs and key in self._graphs:
+                inputs["ids"] = fed.picks  # copied on the device, after the previous step's kernels
+            else:  # a step that records (or runs) its ops needs the ids on the host
+                inputs["ids"] = self._check_ids(fed.result())
         self._queue_recorded(key, inputs, queue_step)
         # Rows 0..n-1, then the prompt chunk's last real token (only those cross to the host).
         picked = [rt.view(result, 0, (n, *result.shape[1:]))]
         if prompt is not None:
             picked.append(rt.view(result, last * math.prod(result.shape[1:]), (1, *result.shape[1:])))
 
-        def read() -> np.ndarray:
-            values = np.concatenate([rt.to_numpy(part) for part in picked])
+        def finish(parts: list[np.ndarray]) -> np.ndarray:
+            values = np.concatenate(parts)
             if pick is None or on_device:
                 return values
             chosen = np.concatenate([np.arange(n), [last]]) if prompt is not None else np.arange(n)
@@ -513,7 +548,15 @@ class LlamaModel:
                 return np.argmax(values, axis=1).astype(np.int32)
             return np.array([engine_draw(values[i], sampling[row]) for i, row in enumerate(chosen)], dtype=np.int32)
 
-        self._unread = QueuedRows(read)
+        def read_later() -> Callable[[], np.ndarray]:
+            waits = [rt.read_later(part) for part in picked]
+            return lambda: finish([wait() for wait in waits])
+
+        self._unread = QueuedRows(
+            lambda: finish([rt.to_numpy(part) for part in picked]),
+            read_later,
+            picked[0] if on_device and prompt is None else None,
+        )
         return self._unread
 
     def mixed_prompt_room(self, decode_rows: int) -> int:
@@ -526,7 +569,7 @@ class LlamaModel:
         rt = self.rt
         if self._unread is not None:  # its rows live in buffers this step overwrites
             unread, self._unread = self._unread, None
-            unread.result()
+            unread.detach()
         graph = self._graphs.get(key) if key is not None else None
         if graph is not None:
             rt.replay(graph, inputs)

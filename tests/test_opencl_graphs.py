@@ -227,6 +227,65 @@ def test_decode_argmax_and_sampling_on_the_device_match_the_logits(registry, smo
         rt.close()
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native-replay", "python-replay"])
+def test_chained_decode_steps_take_their_ids_from_the_previous_picks_on_the_device(
+    registry, smollm2_path, monkeypatch, native
+):
+    """queue_decode(previous step) queues the next step before the previous token is read: a replayed step
+    copies the previous step's pick (argmax, or a seeded draw) into its ids on the device. The same tokens as
+    reading each id back and passing it, across a new recording (the 64-position partition boundary) and with
+    another slot's step in between (the chain's next ids then come back through the host)."""
+    from perfx_core.gguf_loader import load_llama_gguf
+    from perfx_core.model import LlamaModel
+    from perfx_core.sampling import Sampler, SamplingParams
+    from perfx_opencl.device_handles import CLTensor
+
+    _native_replays(native, monkeypatch)
+    config, weights, _ = load_llama_gguf(smollm2_path)
+    rt = registry.open_runtime("opencl")
+    fed = []  # per replay: were the ids a device tensor?
+    replay = rt.replay
+    monkeypatch.setattr(
+        rt, "replay", lambda graph, inputs: (fed.append(isinstance(inputs["ids"], CLTensor)), replay(graph, inputs))
+    )
+    try:
+        model = LlamaModel(config, weights, rt, n_slots=2, max_seq_len=160, prefill_chunk=16)
+        prompt = [1, 504, 3458, 282, 4649, 314]
+
+        def run(chained: bool, draw: bool) -> list[int]:
+            sampler = Sampler(SamplingParams(temperature=0.9, top_k=0, top_p=1.0, min_p=0.02, seed=5))
+
+            def pick() -> dict:
+                return {"sampling": sampler.engine_row()[None, :]} if draw else {"argmax": True}
+
+            model._graphs.clear()
+            model.prefill(prompt, slot=0)
+            model.prefill(prompt[:3], slot=1)
+            fed.clear()
+            start, tokens = len(prompt), []
+            step = model.queue_decode([7], [0], [start], **pick())
+            for i in range(70):  # positions 6..76: across the boundary at 64
+                ahead = model.queue_decode(step, [0], [start + i + 1], **pick()) if chained else None
+                if i == 30:
+                    model.decode([9], [1], [3], argmax=True)  # another slot's step between the two
+                tokens.append(int(step.result()[0]))
+                step = ahead or model.queue_decode([tokens[-1]], [0], [start + i + 1], **pick())
+            step.result()
+            return tokens
+
+        for draw in (False, True):
+            plain = run(chained=False, draw=draw)
+            assert not any(fed)
+            chained = run(chained=True, draw=draw)
+            assert chained == plain
+            # Every chained step but the one after a new recording (the boundary) and the one after slot 1's
+            # step replays with its ids from the device.
+            assert fed.count(True) == 70 - 2, fed
+        assert len(set(plain)) > 5  # the draws vary: not one token repeated
+    finally:
+        rt.close()
+
+
 def test_a_graph_keeps_its_buffers_alive(registry, smollm2_path, monkeypatch):
     """A recorded step still replays correctly after the scratch buffers it used have grown (a longer prefill)
     and its launches have left the launch cache: the graph, not the cache, keeps those buffers alive."""

@@ -15,7 +15,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -225,6 +225,7 @@ class OpenCLRuntime(Runtime):
     block_formats = frozenset(_BLOCKS)
     # Int8Weight, Int5Weight and Int6Weight stay as they are on the device (ops.int8_gemm, int5_gemm, int6_gemm)
     weight_formats = frozenset({"int8", "int5", "int6"})
+    device_index_inputs = True
 
     def __init__(self, backend_name: str, info: DeviceInfo, device: Any, state: _DeviceState, variant: str):
         self.backend_name = backend_name
@@ -238,7 +239,7 @@ class OpenCLRuntime(Runtime):
         # The Adreno GEMV reads activations through the texture cache when the device has images.
         self.use_images = variant == "adreno" and bool(device.image_support)
         self._image_max_texels = int(device.image_max_buffer_size) if self.use_images else 0
-        self._index_buffers: dict[str, tuple[Allocation, np.ndarray]] = {}  # device buffer, last values sent
+        self._index_buffers: dict[str, tuple[Allocation, np.ndarray | None]] = {}  # device buffer, last values sent
         self._zeroed: dict[str, CLTensor] = {}  # see zeroed_ints
         self._arenas: list[list[Any]] = []  # weights' shared buffers: [weak reference, bytes used, capacity]
         self._capture: _Capture | None = None  # see begin_capture
@@ -322,6 +323,24 @@ class OpenCLRuntime(Runtime):
                 )
         return host
 
+    def read_later(self, tensor: CLTensor) -> Callable[[], np.ndarray]:
+        if self._capture is not None:
+            self._capture.broken = "a read back to the host"
+        host = np.empty(tensor.shape, dtype=tensor.dtype)
+        if not host.size:
+            return lambda: host
+        with check("reading a tensor back"):
+            event = self.cl.enqueue_copy(
+                self.queue, host, tensor.buffer, src_offset=tensor.offset * tensor.dtype.itemsize, is_blocking=False
+            )
+
+        def wait() -> np.ndarray:
+            with check("reading a tensor back"):
+                event.wait()
+            return host
+
+        return wait
+
     def write(self, tensor: CLTensor, array: np.ndarray) -> None:
         """Overwrite ``tensor`` with ``array`` (same number of elements, converted to the tensor's dtype)."""
         if self._capture is not None:
@@ -351,7 +370,7 @@ class OpenCLRuntime(Runtime):
         """
         host = np.array(values, dtype=np.int32, copy=True).reshape(-1)
         held = self._index_buffers.get(key)
-        if held is not None and held[1].size == host.size and np.array_equal(held[1], host):
+        if held is not None and held[1] is not None and held[1].size == host.size and np.array_equal(held[1], host):
             if self._capture is not None:
                 self._capture.upload(key, held[0], host)
             return held[0].buffer
@@ -872,8 +891,14 @@ class OpenCLRuntime(Runtime):
 
     def replay(self, graph: _Graph, inputs: dict[str, np.ndarray]) -> None:
         cl, queue = self.cl, self.queue
+        fed = {key for key, value in inputs.items() if isinstance(value, CLTensor)}
+        if not fed <= {key for key, _ in graph.uploads}:
+            raise InvalidArgumentError(f"replay: the recorded step does not read {sorted(fed)} from the host")
         with check("replaying a recorded step"):
             for key, (alloc, size) in graph.uploads:
+                if isinstance(inputs[key], CLTensor):  # the previous step's picks: copied on the device
+                    self._copy_index_input(key, alloc, size, inputs[key])
+                    continue
                 host = np.array(inputs[key], dtype=np.int32, copy=True).reshape(-1)
                 if host.size != size:
                     raise InvalidArgumentError(f"replay: {key} has {host.size} values; the graph was made with {size}")
@@ -894,6 +919,12 @@ class OpenCLRuntime(Runtime):
                 if events is not None:
                     events.append((name, event))
             queue.flush()  # the last launches (logits, picks) too: the host may do other work before reading
+
+    def _copy_index_input(self, key: str, alloc: Allocation, size: int, source: CLTensor) -> None:
+        if source.size != size or source.dtype != np.int32:
+            raise InvalidArgumentError(f"replay: {key} is {source.size} {source.dtype}; the graph has {size} int32")
+        self._index_buffers[key] = (alloc, None)  # unknown on the host: upload_ints sends its next values
+        self.cl.enqueue_copy(self.queue, alloc.buffer, source.buffer, src_offset=source.offset * 4, byte_count=size * 4)
 
     @contextmanager
     def profiling(self) -> Iterator[None]:
