@@ -235,10 +235,11 @@ def test_chained_decode_steps_take_their_ids_from_the_previous_picks_on_the_devi
     copies the previous step's pick (argmax, or a seeded draw) into its ids on the device. The same tokens as
     reading each id back and passing it, across a new recording (the 64-position partition boundary) and with
     another slot's step in between (the chain's next ids then come back through the host)."""
+    from perfx_opencl.device_handles import CLTensor
+
     from perfx_core.gguf_loader import load_llama_gguf
     from perfx_core.model import LlamaModel
     from perfx_core.sampling import Sampler, SamplingParams
-    from perfx_opencl.device_handles import CLTensor
 
     _native_replays(native, monkeypatch)
     config, weights, _ = load_llama_gguf(smollm2_path)
