@@ -63,7 +63,8 @@ INT8_MAX_N = 32  # the int8 kernel's rows of x (as SMALL_N); larger n is BLAS's 
 # large enough that a whole layer matrix of a small model is one call (see TILE_BYTES)
 INT8_TILE_BYTES = 16 << 20
 F16 = K.f16_table()
-ATTR = "_numba_cpu"
+ATTR = "_numba_cpu"  # an int4 weight's _Int4Layout on its handle
+SPLIT_ATTR = "_numba_cpu_split"  # an int5 or int6 weight's _SplitLayout
 # Serial or parallel. On the idle 2-core VM the parallel GEMV kernels make decode 1.5x faster (99 against
 # 65 tok/s), but when other processes keep the cores busy a parallel region waits for a worker thread the
 # OS has not scheduled, and a 20 us GEMV takes milliseconds: decode measured 5-10x slower than
@@ -313,27 +314,46 @@ _SPLIT_KERNELS = {
 }
 
 
+class _SplitLayout:
+    """An int5 or int6 weight's arrays as the kernels take them (float16 ones as their int16 bits, looked up in
+    F16) and its kernels, worked out once per weight: a Gemma 3 decode step makes 45 of these calls."""
+
+    __slots__ = ("arrays", "contiguous", "quantize", "per_group", "kernels", "dequantizers")
+
+    def __init__(self, weight):
+        self.quantize, self.per_group, self.kernels, self.dequantizers = _SPLIT_KERNELS[type(weight)]
+        self.arrays = tuple(a.view(np.int16) if a.dtype == np.float16 else a for a in weight.arrays)
+        self.contiguous = all(a.flags.c_contiguous for a in self.arrays)  # the intrinsics read rows as C arrays
+
+
+def _split_layout(w) -> _SplitLayout:
+    layout = w.__dict__.get(SPLIT_ATTR)
+    if layout is None:
+        layout = _SplitLayout(w.weight)
+        setattr(w, SPLIT_ATTR, layout)
+    return layout
+
+
 def split_gemm(rt, x, w, out) -> None:
-    """int5_gemm and int6_gemm: out = x @ W.T on the weight's own arrays (float16 ones as their int16 bits, looked
-    up in F16). Up to INT8_MAX_N rows, x rounded to int16 and the integer kernel; beyond, or where x is not finite
-    (or an array is not C-contiguous), blocks of rows dequantized for BLAS."""
-    weight = w.weight
-    quantize, per_group, kernels, dequantizers = _SPLIT_KERNELS[type(weight)]
-    arrays = tuple(a.view(np.int16) if a.dtype == np.float16 else a for a in weight.arrays)
+    """int5_gemm and int6_gemm: out = x @ W.T on the weight's own arrays. Up to INT8_MAX_N rows, x rounded to
+    int16 and the integer kernel; beyond, or where x is not finite (or an array is not C-contiguous), blocks of
+    rows dequantized for BLAS."""
+    layout = _split_layout(w)
+    arrays = layout.arrays
     x = _f32(x)
     n, k = x.shape
     m = out.shape[1]
-    if n <= INT8_MAX_N and all(a.flags.c_contiguous for a in arrays):  # the intrinsics read rows as C arrays
+    if n <= INT8_MAX_N and layout.contiguous:
         padded = n if n < 3 else -(-n // K.TILE) * K.TILE  # whole tiles of rows
         xq = np.zeros((padded, k), dtype=np.int16)
-        groups = [np.zeros((padded, k // 32), dtype=np.float32) for _ in range(per_group)]
-        if quantize(x, xq, *groups):
-            _run(*kernels, n * m * k, *arrays, F16, xq, *groups, out)
+        groups = [np.zeros((padded, k // 32), dtype=np.float32) for _ in range(layout.per_group)]
+        if layout.quantize(x, xq, *groups):
+            _run(*layout.kernels, n * m * k, *arrays, F16, xq, *groups, out)
             return
         # x holds an infinity or NaN: the float path below propagates it as the contract asks
     rows = max(1, min(m, INT8_TILE_BYTES // (4 * k)))
     tile = rt.scratch("numba_cpu.split_tile", (rows, k))
-    dequantize = dequantizers[0] if PARALLEL_MODE == "always" else dequantizers[1]
+    dequantize = layout.dequantizers[0] if PARALLEL_MODE == "always" else layout.dequantizers[1]
     for r0 in range(0, m, rows):
         r1 = min(m, r0 + rows)
         block = tile[: r1 - r0]
@@ -377,6 +397,20 @@ def linear_add_rmsnorm(rt, x, w, residual, weight, eps, out) -> None:
     delta = rt.scratch("linear_add_rmsnorm", out.shape)
     linear(rt, x, w, delta)
     K.add_rmsnorm(delta, residual, weight, np.float32(eps), out)
+
+
+def gate_up_gelu(rt, x, w, out) -> None:
+    # As the generic composition, without its two trips through the op table (18 calls a Gemma 3 decode step).
+    gate_up = rt.scratch("gate_up_gelu", (out.shape[0], 2 * out.shape[1]))
+    linear(rt, x, w, gate_up)
+    gelu_mul(rt, gate_up, out)
+
+
+def linear_post_norm_add_rmsnorm(rt, x, w, post_weight, residual, weight, eps, out) -> None:
+    # The generic composition's three op calls in two (36 calls a Gemma 3 decode step).
+    delta = rt.scratch("linear_post_norm", out.shape)
+    linear(rt, x, w, delta)
+    K.post_norm_add_rmsnorm(delta, post_weight, residual, weight, np.float32(eps), out)
 
 
 def rmsnorm(rt, x, weight, eps, out) -> None:
@@ -447,7 +481,9 @@ OPS = {
     "qkv_proj": linear,
     "logits": linear,
     "gate_up_silu": gate_up_silu,
+    "gate_up_gelu": gate_up_gelu,
     "linear_add_rmsnorm": linear_add_rmsnorm,
+    "linear_post_norm_add_rmsnorm": linear_post_norm_add_rmsnorm,
 }
 
 

@@ -721,6 +721,29 @@ def add_rmsnorm(x, residual, weight, eps, out):
 
 
 @njit(fastmath=FM, cache=True, nogil=True)
+def post_norm_add_rmsnorm(delta, post_weight, residual, weight, eps, out):
+    """residual += rmsnorm(delta) * post_weight, then out = rmsnorm(residual) * weight, row by row: Gemma's
+    block output normed before it joins the residual stream, and the next norm, in one call."""
+    n, dim = delta.shape
+    for r in range(n):
+        xr = delta[r]
+        res = residual[r]
+        orow = out[r]
+        ss = F32(0.0)
+        for i in range(dim):
+            ss += xr[i] * xr[i]
+        inv = F32(1.0 / math.sqrt(ss / dim + eps))
+        ss = F32(0.0)
+        for i in range(dim):
+            v = res[i] + xr[i] * inv * post_weight[i]
+            res[i] = v
+            ss += v * v
+        inv = F32(1.0 / math.sqrt(ss / dim + eps))
+        for i in range(dim):
+            orow[i] = res[i] * inv * weight[i]
+
+
+@njit(fastmath=FM, cache=True, nogil=True)
 def head_rmsnorm(qkv, q_weight, k_weight, eps, n_heads, n_kv, hd, out):
     """out = qkv with each q head and each k head RMS-normed over its hd values (times q_weight / k_weight),
     the v heads copied (Qwen3's and Gemma 3's q/k norm)."""
