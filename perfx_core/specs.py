@@ -6,6 +6,7 @@ the NumPy reference (perfx_core.reference) and the ops can use them without impo
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,7 +51,7 @@ class AttentionSpec:
 
     @property
     def score_scale(self) -> float:
-        return self.scale if self.scale is not None else 1.0 / float(np.sqrt(self.head_dim))
+        return self.scale if self.scale is not None else 1.0 / math.sqrt(self.head_dim)  # ~10x np.sqrt's speed
 
     @property
     def q_dim(self) -> int:
