@@ -1,7 +1,8 @@
 """``perfx bench``: prefill and decode speed, time to first token and memory of one model on one backend.
 
-The prompt is seeded random token ids (speed does not depend on which tokens), decode is greedy and
-ignores end-of-sequence so every run does the same work. A short warm-up first lets backends finish
+The prompt is seeded random token ids (speed does not depend on which tokens), decode is greedy as `perfx run`
+decodes (the engine's argmax, each step queued before the previous token is read) and ignores end-of-sequence so
+every run does the same work. A short warm-up first lets backends finish
 one-time work (compiling kernels, building weight layouts) outside the timed runs.
 """
 
