@@ -287,6 +287,38 @@ def test_chained_decode_steps_take_their_ids_from_the_previous_picks_on_the_devi
         rt.close()
 
 
+def test_generations_with_chained_steps_end_and_continue_as_on_numpy(registry, smollm2):
+    """Generation on OpenCL queues each step before reading the previous token: replies that end on an end token,
+    on max_tokens (1, 2) or on a stop string give NumPy's tokens, and a follow-up prompt that extends a reply (its
+    prefix found in the slot's cache, past which the dropped step wrote) continues as on NumPy."""
+    model = perfx_core.load(backend="opencl", context_length=256)
+    try:
+        cases = [dict(max_tokens=60), dict(max_tokens=1), dict(max_tokens=2), dict(max_tokens=60, stop=[" the"])]
+        for kwargs in cases:
+            ours, ref = (
+                model.generate(PROMPT, temperature=0, **kwargs),
+                smollm2.generate(PROMPT, temperature=0, **kwargs),
+            )
+            ours.run()
+            ref.run()
+            assert ours.token_ids == ref.token_ids and ours.text == ref.text, kwargs
+            assert ours.stats.finish_reason == ref.stats.finish_reason
+        ended = model.generate(PROMPT, temperature=0, max_tokens=60)
+        ended.run()
+        assert ended.stats.finish_reason == "stop"  # an end token: the step queued after it was dropped
+        follow = PROMPT + ended.text + " And Spain's?"
+        ours, ref = (
+            model.generate(follow, temperature=0, max_tokens=12),
+            smollm2.generate(follow, temperature=0, max_tokens=12),
+        )
+        ours.run()
+        ref.run()
+        assert ours.stats.cached_prompt_tokens > len(model.tokenizer.encode(PROMPT))  # the reply's cache was reused
+        assert ours.token_ids == ref.token_ids
+    finally:
+        model.close()
+
+
 def test_a_graph_keeps_its_buffers_alive(registry, smollm2_path, monkeypatch):
     """A recorded step still replays correctly after the scratch buffers it used have grown (a longer prefill)
     and its launches have left the launch cache: the graph, not the cache, keeps those buffers alive."""
