@@ -9,7 +9,9 @@ weights built on the machine), wall time per step next to the device time of eac
 
 Wall time is the median of several steps, each ending with its results read back (as the server does). Device
 time per kernel comes from OpenCL profiling events over the same steps; wall minus device time is what the
-host and the queue add. One JSON line per measurement.
+host and the queue add. Each decode batch also gets a "decode_chained" line: wall time per step when each step
+is queued before the previous one's picks are read and takes its ids from them on the device (how Generation and
+perfx bench decode). One JSON line per measurement.
 """
 
 from __future__ import annotations
@@ -113,6 +115,23 @@ def main() -> None:
             if args.position != 100:
                 extra["position"] = args.position
             print(json.dumps({"step": kind, "batch": batch, **extra, "pick": pick, **row}), flush=True)
+            if prompt is None:  # the same steps chained: each queued before the previous one's picks are read
+                row = {"wall_ms": chained_wall_ms(engine, tokens, slots, positions, picks, args.repeats)}
+                print(json.dumps({"step": "decode_chained", "batch": batch, **extra, "pick": pick, **row}), flush=True)
+
+
+def chained_wall_ms(engine, tokens, slots, positions, picks, steps: int) -> float:
+    """Wall ms per decode step when each step takes its ids from the previous step's picks (queue_decode with
+    the previous QueuedRows, as Generation and perfx bench decode): the median of three runs of ``steps``."""
+    runs = []
+    for _ in range(3):
+        start = time.perf_counter()
+        queued = engine.queue_decode(tokens, slots, positions, **picks)
+        for _ in range(steps - 1):
+            queued = engine.queue_decode(queued, slots, positions, **picks)
+        queued.result()
+        runs.append((time.perf_counter() - start) / steps)
+    return round(1e3 * statistics.median(runs), 3)
 
 
 def pick_arguments(pick: str, rows: int) -> dict:
