@@ -301,17 +301,7 @@ def int4_matvec_add_rmsnorm(codes, scales, biases, supers, x, residual, weight, 
     for b in prange(blocks):
         _block_into(codes[b], scales[b], biases[b], supers[b], xq, xs, sums, n, delta, b * rows, b * rows + rows)
     for j in range(n):
-        res = residual[j]
-        drow = delta[j]
-        orow = out[j]
-        ss = F32(0.0)
-        for i in range(m):
-            v = res[i] + drow[i]
-            res[i] = v
-            ss += v * v
-        inv = F32(1.0 / math.sqrt(ss / m + eps))
-        for i in range(m):
-            orow[i] = res[i] * inv * weight[i]
+        _add_rmsnorm_row(delta[j], F32(1.0), None, residual[j], weight, eps, out[j])
     return True
 
 
@@ -689,35 +679,60 @@ def int6_dequantize(ql, qh, sub, d, f16, dst):
 
 
 # -- norms and activation ---------------------------------------------------------------------------------
+@njit(inline="always", fastmath=FM, cache=True, nogil=True)
+def _inv_rms(ss, dim, eps):
+    """1 / sqrt(mean square + eps) from the row's sum of squares."""
+    return F32(1.0 / math.sqrt(ss / dim + eps))
+
+
+@njit(inline="always", fastmath=FM, cache=True, nogil=True)
+def _sum_squares(row):
+    ss = F32(0.0)
+    for i in range(row.shape[0]):
+        ss += row[i] * row[i]
+    return ss
+
+
+@njit(inline="always", fastmath=FM, cache=True, nogil=True)
+def _normed_into(row, inv, weight, orow):
+    for i in range(row.shape[0]):
+        orow[i] = row[i] * inv * weight[i]
+
+
 @njit(fastmath=FM, cache=True, nogil=True)
 def rmsnorm(x, weight, eps, out):
     n, dim = x.shape
     for r in range(n):
-        xr = x[r]
-        orow = out[r]
-        ss = F32(0.0)
-        for i in range(dim):
-            ss += xr[i] * xr[i]
-        inv = F32(1.0 / math.sqrt(ss / dim + eps))
-        for i in range(dim):
-            orow[i] = xr[i] * inv * weight[i]
+        _normed_into(x[r], _inv_rms(_sum_squares(x[r]), dim, eps), weight, out[r])
+
+
+@njit(inline="always", fastmath=FM, cache=True, nogil=True)
+def _add_rmsnorm_row(x, x_inv, x_weight, res, weight, eps, orow):
+    """res += x (x_weight None), or x * x_inv * x_weight (x RMS-normed first); orow = rmsnorm(res) * weight."""
+    dim = res.shape[0]
+    ss = F32(0.0)
+    for i in range(dim):
+        v = res[i] + _scaled(x, x_inv, x_weight, i)
+        res[i] = v
+        ss += v * v
+    _normed_into(res, _inv_rms(ss, dim, eps), weight, orow)
+
+
+def _scaled(x, x_inv, x_weight, i):
+    """x[i], or x[i] * x_inv * x_weight[i] where x_weight is not None."""
+
+
+@overload(_scaled, inline="always")
+def _scaled_impl(x, x_inv, x_weight, i):
+    if isinstance(x_weight, nbtypes.NoneType):
+        return lambda x, x_inv, x_weight, i: x[i]
+    return lambda x, x_inv, x_weight, i: x[i] * x_inv * x_weight[i]
 
 
 @njit(fastmath=FM, cache=True, nogil=True)
 def add_rmsnorm(x, residual, weight, eps, out):
-    n, dim = x.shape
-    for r in range(n):
-        xr = x[r]
-        res = residual[r]
-        orow = out[r]
-        ss = F32(0.0)
-        for i in range(dim):
-            v = res[i] + xr[i]
-            res[i] = v
-            ss += v * v
-        inv = F32(1.0 / math.sqrt(ss / dim + eps))
-        for i in range(dim):
-            orow[i] = res[i] * inv * weight[i]
+    for r in range(x.shape[0]):
+        _add_rmsnorm_row(x[r], F32(1.0), None, residual[r], weight, eps, out[r])
 
 
 @njit(fastmath=FM, cache=True, nogil=True)
@@ -726,21 +741,8 @@ def post_norm_add_rmsnorm(delta, post_weight, residual, weight, eps, out):
     block output normed before it joins the residual stream, and the next norm, in one call."""
     n, dim = delta.shape
     for r in range(n):
-        xr = delta[r]
-        res = residual[r]
-        orow = out[r]
-        ss = F32(0.0)
-        for i in range(dim):
-            ss += xr[i] * xr[i]
-        inv = F32(1.0 / math.sqrt(ss / dim + eps))
-        ss = F32(0.0)
-        for i in range(dim):
-            v = res[i] + xr[i] * inv * post_weight[i]
-            res[i] = v
-            ss += v * v
-        inv = F32(1.0 / math.sqrt(ss / dim + eps))
-        for i in range(dim):
-            orow[i] = res[i] * inv * weight[i]
+        inv = _inv_rms(_sum_squares(delta[r]), dim, eps)
+        _add_rmsnorm_row(delta[r], inv, post_weight, residual[r], weight, eps, out[r])
 
 
 @njit(fastmath=FM, cache=True, nogil=True)
