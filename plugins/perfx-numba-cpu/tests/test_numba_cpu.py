@@ -491,6 +491,22 @@ def test_the_rows_benchmark_times_this_plugins_kernels():
     assert [p["per_row_vs_one_row"] for p in points][::2] == [1.0, 1.0]
 
 
+def test_the_attention_benchmark_times_this_plugins_kernel():
+    """benchmarks/bench_cpu_attention.py runs every (heads, rows, position) case through the plugin's op."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_cpu_attention.py"
+    args = ["--heads", "4/2x16", "--rows", "1,3", "--positions", "2,9", "--rounds", "1", "--calls", "1"]
+    result = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    points = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(p["rows"], p["position"]) for p in points] == [(1, 2), (1, 9), (3, 2), (3, 9)]
+    assert all(p["op"].startswith(PLUGIN) and p["us_per_call"] > 0 for p in points)
+
+
 def test_scaled_rows_dot_at_the_extremes_and_with_either_scale_type():
     """The intrinsic behind the int8 GEMV, for one row of x and a tile of them: every lane at its most negative
     code times the most negative int16 (the largest pair sums there are), random rows, groups of 16 and 32,
