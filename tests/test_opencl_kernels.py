@@ -143,6 +143,48 @@ def test_quantized_activation_gemv_matches_float(registry, n, silu, local_bytes)
         rt.close()
 
 
+@pytest.mark.parametrize(
+    "n, silu, shape, local_bytes",
+    [
+        (1, False, {"KS": 4, "CR": 2, "UC": 2}, None),
+        (1, True, {"KS": 16, "CR": 1, "UC": 4}, None),  # 16 x 4 > 40 chunks: some threads load nothing
+        (3, False, {"KS": 4, "CR": 2, "UC": 1}, 8192),  # x staged in slices: prefetched chunks of the first only
+        (2, True, {"KS": 8, "CR": 2, "UC": 2}, 8192),
+    ],
+)
+def test_prefetching_gemv_gives_the_same_bits(registry, monkeypatch, n, silu, shape, local_bytes):
+    """PERFX_OPENCL_GEMV_PREFETCH's kernel (first weights loaded before x is quantized) computes exactly what the
+    plain quantized-activation kernel does, for plain and gate|up GEMVs, rows past the matrix, threads with no
+    chunk of their own and x quantized in slices."""
+    from perfx_opencl import ops
+
+    from perfx_core.synthetic import random_int4
+
+    rng = np.random.default_rng(7 + n)
+    m, k = 72, 1280  # 40 chunks of 32 columns
+    weight = random_int4(2 * m if silu else m, k, 128, rng)
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    rt = registry.open_runtime("opencl")
+    try:
+        if local_bytes:
+            rt.device.details["local_memory_bytes"] = local_bytes
+        w, xs = rt.prepare_weight(weight), rt.from_numpy(x)
+        outs = {}
+        for prefetch in (False, True):
+            monkeypatch.setattr(ops, "GEMV_PREFETCH", prefetch)
+            with ops.forced_gemv_tuning(rt, {**ops.GEMV_TUNING, "RW": 16, **shape, "QX": 1}):
+                out = rt.empty((n, m))
+                (ops.gate_up_silu if silu else ops.int4_gemm)(rt, xs, w, out)
+                outs[prefetch] = rt.to_numpy(out)
+        built = {dict(key[2]).get("PREFETCH", False) for key in rt._kernels if key[1] == "int4_gemv"}
+        assert built == {False, True}
+        np.testing.assert_array_equal(outs[True], outs[False])
+        want = _float64_matmul(x, weight, silu)
+        assert ((outs[True] - want) ** 2).sum() / (want**2).sum() < 1e-7
+    finally:
+        rt.close()
+
+
 @pytest.mark.parametrize("tpt", ["4", "8"])
 def test_int4_gemm_tiles_cover_every_token_and_row(registry, monkeypatch, tpt):
     """n > 16 runs the tiled GEMM: several token tiles, a partial last tile of tokens and of rows, g32."""
