@@ -107,11 +107,20 @@ def test_quantized_activation_gemv_conforms(registry, quantized_gemv):
     assert_backend_conforms("opencl", ops=["int4_gemv", "int4_gemm", "gate_up_silu", "linear_add_rmsnorm"])
 
 
+def _forced_gemv(rt, xs, w, shape, silu, config):
+    """x @ W.T (or gate|up's silu(gate) * up) through the GEMV in the shape ``config`` over the defaults, as numpy."""
+    from perfx_opencl import ops
+
+    with ops.forced_gemv_tuning(rt, {**ops.GEMV_TUNING, **config}):
+        out = rt.empty(shape)
+        (ops.gate_up_silu if silu else ops.int4_gemm)(rt, xs, w, out)
+        return rt.to_numpy(out)
+
+
 @pytest.mark.parametrize("n, silu, local_bytes", [(1, False, None), (3, True, None), (16, False, 8192)])
 def test_quantized_activation_gemv_matches_float(registry, n, silu, local_bytes):
     """QX=1 against the dequantized weights in float64, next to QX=0: 16-bit activations keep the error near
     float rounding, an outlier column included; with little local memory x is staged in slices."""
-    from perfx_opencl import ops
 
     from perfx_core.synthetic import random_int4
 
@@ -128,10 +137,7 @@ def test_quantized_activation_gemv_matches_float(registry, n, silu, local_bytes)
         w, xs = rt.prepare_weight(weight), rt.from_numpy(x)
         errors = {}
         for qx in (0, 1):
-            with ops.forced_gemv_tuning(rt, {**ops.GEMV_TUNING, "RW": 16, "KS": 4, "CR": 2, "QX": qx}):
-                out = rt.empty((n, m))
-                (ops.gate_up_silu if silu else ops.int4_gemm)(rt, xs, w, out)
-                got = rt.to_numpy(out)
+            got = _forced_gemv(rt, xs, w, (n, m), silu, {"RW": 16, "KS": 4, "CR": 2, "QX": qx})
             errors[qx] = float(((got - want) ** 2).sum() / (want**2).sum())
         assert errors[0] < 1e-10 and errors[1] < 1e-7, errors
         slices = {dict(key[2]).get("QX_SLICE") for key in rt._kernels if key[1] == "int4_gemv"} - {False}
@@ -172,10 +178,7 @@ def test_prefetching_gemv_gives_the_same_bits(registry, monkeypatch, n, silu, sh
         outs = {}
         for prefetch in (False, True):
             monkeypatch.setattr(ops, "GEMV_PREFETCH", prefetch)
-            with ops.forced_gemv_tuning(rt, {**ops.GEMV_TUNING, "RW": 16, **shape, "QX": 1}):
-                out = rt.empty((n, m))
-                (ops.gate_up_silu if silu else ops.int4_gemm)(rt, xs, w, out)
-                outs[prefetch] = rt.to_numpy(out)
+            outs[prefetch] = _forced_gemv(rt, xs, w, (n, m), silu, {"RW": 16, **shape, "QX": 1})
         built = {dict(key[2]).get("PREFETCH", False) for key in rt._kernels if key[1] == "int4_gemv"}
         assert built == {False, True}
         np.testing.assert_array_equal(outs[True], outs[False])
