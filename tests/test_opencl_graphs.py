@@ -292,27 +292,24 @@ def test_generations_with_chained_steps_end_and_continue_as_on_numpy(registry, s
     on max_tokens (1, 2) or on a stop string give NumPy's tokens, and a follow-up prompt that extends a reply (its
     prefix found in the slot's cache, past which the dropped step wrote) continues as on NumPy."""
     model = perfx_core.load(backend="opencl", context_length=256)
+
+    def both(prompt, **kwargs):
+        """The greedy generation of ``prompt`` on OpenCL and on NumPy, run."""
+        runs = model.generate(prompt, temperature=0, **kwargs), smollm2.generate(prompt, temperature=0, **kwargs)
+        for generation in runs:
+            generation.run()
+        return runs
+
     try:
         cases = [dict(max_tokens=60), dict(max_tokens=1), dict(max_tokens=2), dict(max_tokens=60, stop=[" the"])]
         for kwargs in cases:
-            ours, ref = (
-                model.generate(PROMPT, temperature=0, **kwargs),
-                smollm2.generate(PROMPT, temperature=0, **kwargs),
-            )
-            ours.run()
-            ref.run()
+            ours, ref = both(PROMPT, **kwargs)
             assert ours.token_ids == ref.token_ids and ours.text == ref.text, kwargs
             assert ours.stats.finish_reason == ref.stats.finish_reason
         ended = model.generate(PROMPT, temperature=0, max_tokens=60)
         ended.run()
         assert ended.stats.finish_reason == "stop"  # an end token: the step queued after it was dropped
-        follow = PROMPT + ended.text + " And Spain's?"
-        ours, ref = (
-            model.generate(follow, temperature=0, max_tokens=12),
-            smollm2.generate(follow, temperature=0, max_tokens=12),
-        )
-        ours.run()
-        ref.run()
+        ours, ref = both(PROMPT + ended.text + " And Spain's?", max_tokens=12)
         assert ours.stats.cached_prompt_tokens > len(model.tokenizer.encode(PROMPT))  # the reply's cache was reused
         assert ours.token_ids == ref.token_ids
     finally:

@@ -3,6 +3,7 @@ the matrix-unit kernel, fused tails, prefill and decode attention however they a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import numpy as np
@@ -107,6 +108,19 @@ def test_quantized_activation_gemv_conforms(registry, quantized_gemv):
     assert_backend_conforms("opencl", ops=["int4_gemv", "int4_gemm", "gate_up_silu", "linear_add_rmsnorm"])
 
 
+@contextlib.contextmanager
+def _gemv_runtime(registry, weight, x, local_bytes=None):
+    """(runtime, weight on it, x on it) for the GEMV tests; ``local_bytes`` caps the local memory the kernels plan
+    with (x then quantized in slices). The runtime is closed after the block."""
+    rt = registry.open_runtime("opencl")
+    try:
+        if local_bytes:
+            rt.device.details["local_memory_bytes"] = local_bytes
+        yield rt, rt.prepare_weight(weight), rt.from_numpy(x)
+    finally:
+        rt.close()
+
+
 def _forced_gemv(rt, xs, w, shape, silu, config):
     """x @ W.T (or gate|up's silu(gate) * up) through the GEMV in the shape ``config`` over the defaults, as numpy."""
     from perfx_opencl import ops
@@ -121,7 +135,6 @@ def _forced_gemv(rt, xs, w, shape, silu, config):
 def test_quantized_activation_gemv_matches_float(registry, n, silu, local_bytes):
     """QX=1 against the dequantized weights in float64, next to QX=0: 16-bit activations keep the error near
     float rounding, an outlier column included; with little local memory x is staged in slices."""
-
     from perfx_core.synthetic import random_int4
 
     rng = np.random.default_rng(n)
@@ -130,11 +143,7 @@ def test_quantized_activation_gemv_matches_float(registry, n, silu, local_bytes)
     x = rng.standard_normal((n, k)).astype(np.float32)
     x[:, 7] = 60.0
     want = _float64_matmul(x, weight, silu)
-    rt = registry.open_runtime("opencl")
-    try:
-        if local_bytes:
-            rt.device.details["local_memory_bytes"] = local_bytes
-        w, xs = rt.prepare_weight(weight), rt.from_numpy(x)
+    with _gemv_runtime(registry, weight, x, local_bytes) as (rt, w, xs):
         errors = {}
         for qx in (0, 1):
             got = _forced_gemv(rt, xs, w, (n, m), silu, {"RW": 16, "KS": 4, "CR": 2, "QX": qx})
@@ -145,8 +154,6 @@ def test_quantized_activation_gemv_matches_float(registry, n, silu, local_bytes)
             assert slices == {2}
         else:
             assert slices and all(1 <= size <= k // 32 for size in slices)
-    finally:
-        rt.close()
 
 
 @pytest.mark.parametrize(
@@ -170,11 +177,7 @@ def test_prefetching_gemv_gives_the_same_bits(registry, monkeypatch, n, silu, sh
     m, k = 72, 1280  # 40 chunks of 32 columns
     weight = random_int4(2 * m if silu else m, k, 128, rng)
     x = rng.standard_normal((n, k)).astype(np.float32)
-    rt = registry.open_runtime("opencl")
-    try:
-        if local_bytes:
-            rt.device.details["local_memory_bytes"] = local_bytes
-        w, xs = rt.prepare_weight(weight), rt.from_numpy(x)
+    with _gemv_runtime(registry, weight, x, local_bytes) as (rt, w, xs):
         outs = {}
         for prefetch in (False, True):
             monkeypatch.setattr(ops, "GEMV_PREFETCH", prefetch)
@@ -184,8 +187,6 @@ def test_prefetching_gemv_gives_the_same_bits(registry, monkeypatch, n, silu, sh
         np.testing.assert_array_equal(outs[True], outs[False])
         want = _float64_matmul(x, weight, silu)
         assert ((outs[True] - want) ** 2).sum() / (want**2).sum() < 1e-7
-    finally:
-        rt.close()
 
 
 @pytest.mark.parametrize("tpt", ["4", "8"])

@@ -880,7 +880,7 @@ def _put_row_impl(values, row):
     return copied
 
 
-ROWS_AT_ONCE = 4  # cache rows attention_decode's loops take together
+ROWS_AT_ONCE = 4  # cache rows attention_decode's loops take together (fixed: _four_rows and the loops name each)
 
 
 @njit(inline="always", cache=True, nogil=True)
