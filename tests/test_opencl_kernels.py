@@ -156,39 +156,6 @@ def test_quantized_activation_gemv_matches_float(registry, n, silu, local_bytes)
             assert slices and all(1 <= size <= k // 32 for size in slices)
 
 
-@pytest.mark.parametrize(
-    "n, silu, shape, local_bytes",
-    [
-        (1, False, {"KS": 4, "CR": 2, "UC": 2}, None),
-        (1, True, {"KS": 16, "CR": 1, "UC": 4}, None),  # 16 x 4 > 40 chunks: some threads load nothing
-        (3, False, {"KS": 4, "CR": 2, "UC": 1}, 8192),  # x staged in slices: prefetched chunks of the first only
-        (2, True, {"KS": 8, "CR": 2, "UC": 2}, 8192),
-    ],
-)
-def test_prefetching_gemv_gives_the_same_bits(registry, monkeypatch, n, silu, shape, local_bytes):
-    """PERFX_OPENCL_GEMV_PREFETCH's kernel (first weights loaded before x is quantized) computes exactly what the
-    plain quantized-activation kernel does, for plain and gate|up GEMVs, rows past the matrix, threads with no
-    chunk of their own and x quantized in slices."""
-    from perfx_opencl import ops
-
-    from perfx_core.synthetic import random_int4
-
-    rng = np.random.default_rng(7 + n)
-    m, k = 72, 1280  # 40 chunks of 32 columns
-    weight = random_int4(2 * m if silu else m, k, 128, rng)
-    x = rng.standard_normal((n, k)).astype(np.float32)
-    with _gemv_runtime(registry, weight, x, local_bytes) as (rt, w, xs):
-        outs = {}
-        for prefetch in (False, True):
-            monkeypatch.setattr(ops, "GEMV_PREFETCH", prefetch)
-            outs[prefetch] = _forced_gemv(rt, xs, w, (n, m), silu, {"RW": 16, **shape, "QX": 1})
-        built = {dict(key[2]).get("PREFETCH", False) for key in rt._kernels if key[1] == "int4_gemv"}
-        assert built == {False, True}
-        np.testing.assert_array_equal(outs[True], outs[False])
-        want = _float64_matmul(x, weight, silu)
-        assert ((outs[True] - want) ** 2).sum() / (want**2).sum() < 1e-7
-
-
 @pytest.mark.parametrize("tpt", ["4", "8"])
 def test_int4_gemm_tiles_cover_every_token_and_row(registry, monkeypatch, tpt):
     """n > 16 runs the tiled GEMM: several token tiles, a partial last tile of tokens and of rows, g32."""

@@ -169,11 +169,6 @@ def embedding(rt, table, ids, out):
         rt.launch(kernel, (_round_up(d, 64), n), None, table.data.buffer, ids_buf, out, d)
 
 
-# 1: the quantized-activation GEMV loads its first weights before it quantizes x (kernels/int4.cl PREFETCH), an
-# experiment for A/B runs on GPUs, off until measured there.
-GEMV_PREFETCH = os.environ.get("PERFX_OPENCL_GEMV_PREFETCH", "0") == "1"
-
-
 @functools.lru_cache(maxsize=8)
 def gemv_overrides() -> dict[str, int]:
     """PERFX_OPENCL_GEMV="RW=32,KS=8,CR=2" overrides the GEMV shape everywhere (experiments). Read once: a
@@ -318,7 +313,6 @@ def _gemv_plan(
             XSUM_CHUNKS=xsum_chunks or False,
             QX=qx_slice > 0,
             QX_SLICE=qx_slice or False,
-            PREFETCH=GEMV_PREFETCH and qx_slice > 0,
             **_factor_options(factors),
             **config,
         )

@@ -185,39 +185,6 @@ inline int chunk_idot(uint4 lo, uint4 hi, __local const uint4* xq) {
 #define SLOT_ROW(row0, r, half) SLOT_COL(row0, r)
 #endif
 
-#if defined(PREFETCH) && !defined(QX)
-#undef PREFETCH  // only the quantized-activation path has a pass (quantizing x) before its first loads
-#endif
-
-// The UC chunks c0, c0 + KS, ... (those below end) of the thread's RR weight rows with their groups' scale and
-// bias; zeros elsewhere.
-inline void load_chunks(__global const uint4* packed, __global const ushort* scale, __global const float* bias,
-                        int group_shift, int row0, int cols, int m, int c0, int end, uint4 w[UC][RR],
-                        float s[UC][RR], float b[UC][RR]) {
-#pragma unroll
-    for (int u = 0; u < UC; ++u) {
-        const int c = c0 + u * KS;
-#pragma unroll
-        for (int r = 0; r < RR; ++r) {
-            const int row = SLOT_ROW(row0, r, cols);
-            const bool live = c < end && SLOT_COL(row0, r) < cols;
-            const float2 f = live ? int4_group(scale, bias, (c << 5) >> group_shift, row, m) : (float2)(0.0f);
-            w[u][r] = live ? packed[(size_t)c * m + row] : (uint4)(0u);
-            s[u][r] = f.x, b[u][r] = f.y;
-        }
-    }
-}
-
-#ifdef PREFETCH
-inline void copy_chunks(const uint4 pw[UC][RR], const float ps[UC][RR], const float pb[UC][RR], uint4 w[UC][RR],
-                        float s[UC][RR], float b[UC][RR]) {
-#pragma unroll
-    for (int u = 0; u < UC; ++u)
-#pragma unroll
-        for (int r = 0; r < RR; ++r) w[u][r] = pw[u][r], s[u][r] = ps[u][r], b[u][r] = pb[u][r];
-}
-#endif
-
 // out (n, cols) = x (n, k) @ W.T for n <= NT; with -DSILU, W = [W_gate; W_up] (2 cols, k) and
 // out = silu(x @ W_gate.T) * (x @ W_up.T) (gelu_tanh with -DGELU as well). With -DADD_NORM (linear_add_rmsnorm) the kernel also does
 // residual += out; normed = rmsnorm(residual) * norm_w (add_norm_tail.cl). Each work-group covers RW * CR
@@ -258,13 +225,6 @@ __kernel __attribute__((reqd_work_group_size(RW, KS, 1))) void int4_gemv(
     // x quantized into local memory one slice of QX_SLICE chunks (all tokens) at a time, by all threads.
     __local uint4 xq[NT * QX_SLICE * 4];
     __local float2 xd[NT * QX_SLICE];  // (d, sum of x) per token and chunk
-#ifdef PREFETCH
-    // The thread's first chunks are loaded before the quantizing pass, so their memory latency passes while x is
-    // read and quantized instead of after it (a decode GEMV's work-groups are one wave: nothing else hides it).
-    uint4 pw[UC][RR];
-    float ps[UC][RR], pb[UC][RR];
-    load_chunks(packed, scale, bias, group_shift, row0, cols, m, split, min(chunks, QX_SLICE), pw, ps, pb);
-#endif
     for (int s0 = 0; s0 < chunks; s0 += QX_SLICE) {
         const int end = min(chunks, s0 + QX_SLICE);
         barrier(CLK_LOCAL_MEM_FENCE);  // the previous slice is used up
@@ -281,12 +241,18 @@ __kernel __attribute__((reqd_work_group_size(RW, KS, 1))) void int4_gemv(
             // Issue every load of the UC chunks x RR rows before using any of them.
             uint4 w[UC][RR];
             float s[UC][RR], b[UC][RR];
-#ifdef PREFETCH
-            if (c0 == split)  // the first chunks: loaded before x was quantized
-                copy_chunks(pw, ps, pb, w, s, b);
-            else
-#endif
-                load_chunks(packed, scale, bias, group_shift, row0, cols, m, c0, end, w, s, b);
+#pragma unroll
+            for (int u = 0; u < UC; ++u) {
+                const int c = c0 + u * KS;
+#pragma unroll
+                for (int r = 0; r < RR; ++r) {
+                    const int row = SLOT_ROW(row0, r, cols);
+                    const bool live = c < end && SLOT_COL(row0, r) < cols;
+                    const float2 f = live ? int4_group(scale, bias, (c << 5) >> group_shift, row, m) : (float2)(0.0f);
+                    w[u][r] = live ? packed[(size_t)c * m + row] : (uint4)(0u);
+                    s[u][r] = f.x, b[u][r] = f.y;
+                }
+            }
 #pragma unroll
             for (int u = 0; u < UC; ++u) {
                 const int c = c0 + u * KS;
