@@ -156,6 +156,32 @@ def test_quantized_activation_gemv_matches_float(registry, n, silu, local_bytes)
             assert slices and all(1 <= size <= k // 32 for size in slices)
 
 
+@pytest.mark.parametrize("silu", [False, True])
+def test_tuner_single_token_shapes_with_few_row_lanes_compute_the_gemv(registry, silu):
+    """The tuner's single-token grid has 8 and 16 row lanes and four chunks in flight: such shapes (taken from
+    its candidate list, quantized activations and float) give the float64 GEMV, rows past the matrix included."""
+    from perfx_opencl import tuner
+
+    from perfx_core.synthetic import random_int4
+
+    rng = np.random.default_rng(11)
+    m, k = 72, 1280  # 72 rows: the last work-group is partial for every RW x CR below
+    weight = random_int4(2 * m if silu else m, k, 128, rng)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    want = _float64_matmul(x, weight, silu)
+    grid = tuner.candidates(1, quantized=True) + tuner.candidates(1, quantized=False)
+    picked = [
+        c
+        for c in grid
+        if (c["RW"], c["KS"], c["CR"], c["UC"]) in {(8, 16, 4, 1), (8, 32, 1, 4), (16, 16, 2, 4), (16, 32, 4, 2)}
+    ]
+    assert len(picked) == 8  # each shape in both kernels (QX 1 where the device has integer dot products)
+    with _gemv_runtime(registry, weight, x) as (rt, w, xs):
+        for config in picked:
+            got = _forced_gemv(rt, xs, w, (1, m), silu, config)
+            assert ((got - want) ** 2).sum() / (want**2).sum() < 1e-7, config
+
+
 @pytest.mark.parametrize("tpt", ["4", "8"])
 def test_int4_gemm_tiles_cover_every_token_and_row(registry, monkeypatch, tpt):
     """n > 16 runs the tiled GEMM: several token tiles, a partial last tile of tokens and of rows, g32."""

@@ -40,7 +40,8 @@ def tune(
 def candidates(nt: int, quick: bool = False, quantized: bool = False) -> list[dict[str, int]]:
     """Work-group shapes worth timing for NT tokens per pass (with several tokens, at most 2 columns per thread:
     each needs NT accumulators and its 32 dequantized weights in registers); with ``quantized`` (the device
-    has integer dot products) also the quantized-activation kernel (QX=1)."""
+    has integer dot products) also the quantized-activation kernel (QX=1). For one token, also fewer row lanes
+    and four chunks in flight."""
     if quick:
         shapes = [(32, 8, 1, 1, 0, 0), (32, 4, 2, 2, 1, 0)] + ([(32, 16, 1, 2, 0, 1)] if quantized else [])
     elif nt == 1:
@@ -48,6 +49,12 @@ def candidates(nt: int, quick: bool = False, quantized: bool = False) -> list[di
         shapes = [(32, ks, cr, uc, xs, 0) for ks, cr, uc in grid for xs in (0, 1)]
         if quantized:  # XS does not apply: the quantizing pass computes the chunk sums
             shapes += [(32, ks, cr, uc, 0, 1) for ks, cr, uc in grid]
+        # A decode GEMV's work-groups run as one wave: fewer rows per group (RW x CR) spread a matrix over more
+        # compute units. 8 and 16 row lanes won 3 of the 5 Llama-2-7B shapes on an H100 (4% faster decode,
+        # docs/results/h100_tune_gemv_7b_row_lanes.txt); tried in the device's preferred kernel only.
+        wide = itertools.product((8, 16, 32), (128, 256, 512), (1, 2, 4), (1, 2, 4))
+        shapes += [(rw, threads // rw, cr, uc, 0, int(quantized)) for rw, threads, cr, uc in wide]
+        shapes = list(dict.fromkeys(shapes))
     else:
         # Fewer row lanes put several k-splits in one warp: fewer threads share (re-load) each activation.
         grid = itertools.product((8, 16, 32), (4, 8, 16), (1, 2), (1, 2))
